@@ -1,0 +1,28 @@
+"""fastlease: distributed leases (locks) with background renewal, safe takeover and one engine
+for every store.
+
+``import fastlease`` needs no optional client library; store clients that need one import it lazily.
+"""
+
+from __future__ import annotations
+
+from ._impl import IMPLEMENTATION
+from .decorator import distributed_lock
+from .exceptions import FastleaseError, LockLost, LockNotAcquired, LockReleaseError
+from .lock import LeaseMetrics, SyncDistributedLock
+from .stores.memory import MemoryClient, MemoryStore
+
+__all__ = [
+    "IMPLEMENTATION",
+    "FastleaseError",
+    "LeaseMetrics",
+    "LockLost",
+    "LockNotAcquired",
+    "LockReleaseError",
+    "MemoryClient",
+    "MemoryStore",
+    "SyncDistributedLock",
+    "distributed_lock",
+]
+
+__version__ = "0.1.0"

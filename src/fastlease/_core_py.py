@@ -1,0 +1,905 @@
+"""Pure-Python twin of ``fastlease._core``: the readable reference of the lease engine.
+
+``_core.pyx`` implements the same names with the same behaviour; ``_impl.py`` picks one of the two.
+Everything that is protocol lives here: clocks and validity, key templates, the observation cache,
+the lease state machine (acquire, take over, renew, reconcile, release) and the renewal scheduler.
+Stores below this layer are single atomic operations; the public API above it only converts seconds
+to milliseconds and shapes the guards.
+
+Units: integers carry their unit in their name (``lease_ms``, ``deadline_ns``); every clock reading is
+an ``int`` of nanoseconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import random
+import threading
+import time
+import uuid
+from typing import Any, Optional
+
+from .exceptions import LockLost, LockNotAcquired, LockReleaseError, MalformedLockRow, StoreError
+
+IMPLEMENTATION = "py"
+
+_log = logging.getLogger("fastlease.engine")
+
+# ---------------------------------------------------------------------------------------------
+# Limits and timing rules of the contract (lock-contract.md §1-§3). All derived timings are here.
+# ---------------------------------------------------------------------------------------------
+PROTOCOL_V1 = 1
+MIN_LEASE_MS = 100
+MAX_DURATION_MS = 86_400_000
+MAX_KEY_BYTES = 2048
+OBSERVATION_CACHE_SIZE = 4096
+#: Contended waiters poll the store about this often (jittered 50%..150%), whatever their own lease:
+#: it bounds cross-process handoff, while same-process waiters are woken at once on release.
+POLL_INTERVAL_MS = 100
+#: First back-off after a transient store error while waiting; doubles up to POLL_INTERVAL_MS * 5.
+ERROR_BACKOFF_MS = 25
+#: A renewal thread with nothing to renew for this long exits; the next acquisition starts another.
+SCHEDULER_IDLE_EXIT_MS = 30_000
+
+_NS_PER_MS = 1_000_000
+
+
+def validity_ns(lease_ms: int) -> int:
+    """Ownership stays valid for 90% of the lease, counted from the stamp taken before the write."""
+    return lease_ms * 900_000
+
+
+def renew_interval_ns(lease_ms: int) -> int:
+    """Renewal runs every lease/3."""
+    return lease_ms * _NS_PER_MS // 3
+
+
+def renew_retry_ns(lease_ms: int) -> int:
+    """After an unconfirmed renewal the retry comes after min(lease/12, 1 s)."""
+    return min(lease_ms * _NS_PER_MS // 12, 1_000_000_000)
+
+
+def request_timeout_ns(lease_ms: int) -> int:
+    """Each request is bounded by min(lease/3, 5 s)."""
+    return min(lease_ms * _NS_PER_MS // 3, 5_000_000_000)
+
+
+def cleanup_budget_ns(lease_ms: int) -> int:
+    """Release, reconciliation included, has a total budget of min(0.6 * lease, 10 s)."""
+    return min(lease_ms * 600_000, 10_000_000_000)
+
+
+# ---------------------------------------------------------------------------------------------
+# Clocks
+# ---------------------------------------------------------------------------------------------
+class SystemClock:
+    """The process's monotonic and wall clocks; waits are real waits on an event."""
+
+    monotonic_ns = staticmethod(time.monotonic_ns)
+    time_ns = staticmethod(time.time_ns)
+
+    def wait(self, event: threading.Event, timeout_s: float) -> bool:
+        return event.wait(timeout_s)
+
+    def attach_scheduler(self, scheduler: Any) -> bool:
+        """Return True if this clock drives the scheduler itself (fake clocks do); False starts a thread."""
+        return False
+
+
+SYSTEM_CLOCK = SystemClock()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokens: owner and version identities
+# ---------------------------------------------------------------------------------------------
+def new_token() -> str:
+    """A random UUID4 string: used for every owner and every version."""
+    return str(uuid.uuid4())
+
+
+# ---------------------------------------------------------------------------------------------
+# Input checks
+# ---------------------------------------------------------------------------------------------
+def check_key(key: object) -> str:
+    """Return ``key`` if it is a str of 1-2,048 UTF-8 bytes, else raise TypeError/ValueError."""
+    if type(key) is not str:
+        if isinstance(key, str):
+            key = str(key)
+        else:
+            raise TypeError(f"lock key must be a str, got {type(key).__name__}: {key!r:.80}")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(f"lock key is not encodable as UTF-8 (lone surrogate?): {key!r:.80}") from None
+    if not 1 <= size <= MAX_KEY_BYTES:
+        raise ValueError(f"lock key must be 1-{MAX_KEY_BYTES} UTF-8 bytes, got {size}: {key!r:.80}")
+    return key
+
+
+def check_table(table: object) -> str:
+    """Table names follow DynamoDB's rule on every store, so code moves between stores unchanged."""
+    if type(table) is not str:
+        raise TypeError(f"table must be a str, got {type(table).__name__}: {table!r:.80}")
+    if not 3 <= len(table) <= 255 or not all(c.isascii() and (c.isalnum() or c in "_.-") for c in table):
+        raise ValueError(f"table must be 3-255 characters of A-Z a-z 0-9 _ . -, got {table!r:.80}")
+    return table
+
+
+def check_row(row: Any, key: str) -> None:
+    """Strict protocol v1 parsing of a row read from a store: anything unexpected fails closed."""
+    owner, version, lease_ms, protocol = row
+    if protocol != PROTOCOL_V1 or type(protocol) is not int:
+        raise MalformedLockRow(f"lock row for {key!r} has unsupported protocol {protocol!r}", key=key)
+    if type(owner) is not str or not owner or type(version) is not str or not version:
+        raise MalformedLockRow(f"lock row for {key!r} has an invalid owner or version", key=key)
+    if type(lease_ms) is not int or not MIN_LEASE_MS <= lease_ms <= MAX_DURATION_MS:
+        raise MalformedLockRow(f"lock row for {key!r} has lease_ms {lease_ms!r} outside 100-86400000", key=key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Key templates
+# ---------------------------------------------------------------------------------------------
+MISSING = object()
+
+
+class KeyTemplate:
+    """A lock key template, parsed once: literal text, ``{name}`` placeholders, ``{{``/``}}`` braces.
+
+    One placeholder inserts its value as is; two or more prefix each value with its UTF-8 byte length
+    and a colon, so ``"{tenant}:{id}"`` with ("acme", "123") is ``"4:acme:3:123"`` and no pair of values
+    can collide by containing the separator.
+    """
+
+    __slots__ = ("template", "names", "_literals")
+
+    def __init__(self, template: object) -> None:
+        if type(template) is not str:
+            raise TypeError(f"key template must be a str, got {type(template).__name__}: {template!r:.80}")
+        literals: list[str] = []
+        names: list[str] = []
+        text: list[str] = []
+        i, n = 0, len(template)
+        while i < n:
+            ch = template[i]
+            if ch == "{":
+                if template.startswith("{{", i):
+                    text.append("{")
+                    i += 2
+                    continue
+                end = template.find("}", i + 1)
+                name = template[i + 1 : end] if end >= 0 else ""
+                if end < 0 or not name.isidentifier():
+                    raise ValueError(
+                        f"key template {template!r}: placeholder at offset {i} must be {{argument_name}}"
+                    )
+                literals.append("".join(text))
+                text = []
+                names.append(name)
+                i = end + 1
+            elif ch == "}":
+                if not template.startswith("}}", i):
+                    raise ValueError(f"key template {template!r}: single '}}' at offset {i}; write '}}}}'")
+                text.append("}")
+                i += 2
+            else:
+                text.append(ch)
+                i += 1
+        literals.append("".join(text))
+        self.template = template
+        self.names = tuple(names)
+        self._literals = tuple(literals)
+        if not names:
+            check_key(literals[0])
+
+    def resolve(self, values: tuple) -> str:
+        """Resolve with one str value per placeholder, in order; TypeError/ValueError on bad values."""
+        names = self.names
+        literals = self._literals
+        if len(values) != len(names):
+            raise TypeError(f"key template {self.template!r} takes {len(names)} values, got {len(values)}")
+        if not names:
+            return literals[0]
+        for name, value in zip(names, values):
+            if type(value) is not str:
+                raise TypeError(
+                    f"lock key argument {name!r} must be a str, got {type(value).__name__}: {value!r:.80}"
+                )
+        if len(names) == 1:
+            key = literals[0] + values[0] + literals[1]
+        else:
+            parts = [literals[0]]
+            for name, value, literal in zip(names, values, literals[1:]):
+                try:
+                    size = len(value.encode("utf-8"))
+                except UnicodeEncodeError:
+                    raise ValueError(
+                        f"lock key argument {name!r} is not encodable as UTF-8: {value!r:.80}"
+                    ) from None
+                parts.append(f"{size}:{value}{literal}")
+            key = "".join(parts)
+        return check_key(key)
+
+
+class CallKey:
+    """A template bound to a function signature: resolves the key from one call's arguments.
+
+    ``positions[i]`` is the positional index of placeholder i (-1 for keyword-only), ``defaults[i]``
+    its default or MISSING. Both come from ``inspect.signature`` once, at decoration.
+    """
+
+    __slots__ = ("template", "_positions", "_defaults")
+
+    def __init__(self, template: KeyTemplate, positions: tuple, defaults: tuple) -> None:
+        if len(positions) != len(template.names) or len(defaults) != len(template.names):
+            raise ValueError("positions and defaults must match the template's placeholders")
+        self.template = template
+        self._positions = positions
+        self._defaults = defaults
+
+    def resolve(self, args: tuple, kwargs: dict) -> str:
+        values = []
+        for name, position, default in zip(self.template.names, self._positions, self._defaults):
+            if 0 <= position < len(args):
+                if name in kwargs:
+                    raise TypeError(f"got multiple values for argument {name!r}")
+                values.append(args[position])
+            else:
+                value = kwargs.get(name, default)
+                if value is MISSING:
+                    raise TypeError(f"missing required argument {name!r} used by the lock key")
+                values.append(value)
+        return self.template.resolve(tuple(values))
+
+
+# ---------------------------------------------------------------------------------------------
+# Observation cache
+# ---------------------------------------------------------------------------------------------
+class ObservationCache:
+    """When this client first saw each contended row unchanged, on its own monotonic clock.
+
+    A takeover is allowed only after the same (owner, version, lease_ms) has been seen for the stored
+    lease_ms: clocks of different machines are never compared. Bounded LRU; evicting an entry only
+    restarts that row's observation, so it can delay recovery but never allow an early takeover.
+    """
+
+    __slots__ = ("capacity", "_entries", "_mutex")
+
+    def __init__(self, capacity: int = OBSERVATION_CACHE_SIZE) -> None:
+        if type(capacity) is not int or capacity < 1:
+            raise ValueError(f"observation cache capacity must be a positive int, got {capacity!r}")
+        self.capacity = capacity
+        self._entries: dict = {}
+        self._mutex = threading.Lock()
+
+    def observe(self, cache_key: tuple, owner: str, version: str, lease_ms: int, now_ns: int) -> int:
+        """Record a sighting; return how long (ns) this exact row has been seen unchanged."""
+        with self._mutex:
+            entries = self._entries
+            entry = entries.pop(cache_key, None)
+            if entry is None or entry[0] != owner or entry[1] != version or entry[2] != lease_ms:
+                entry = (owner, version, lease_ms, now_ns)
+                if len(entries) >= self.capacity:
+                    del entries[next(iter(entries))]
+            entries[cache_key] = entry  # re-inserted last: the dict's order is the LRU order
+            return now_ns - entry[3]
+
+    def forget(self, cache_key: tuple) -> None:
+        with self._mutex:
+            self._entries.pop(cache_key, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lease states
+# ---------------------------------------------------------------------------------------------
+NEW = 0
+ACQUIRING = 1
+HELD = 2
+RELEASING = 3
+RELEASED = 4
+LOST = 5  # ownership ended without a release: stolen, expired or unreachable
+FAILED = 6  # acquisition gave up: budget spent, malformed row or store error
+STATE_NAMES = ("new", "acquiring", "held", "releasing", "released", "lost", "failed")
+
+
+class Lease:
+    """One acquisition of one key: the protocol state machine. Single use.
+
+    Thread ownership of fields: the caller's thread drives enter and exit; the client's renewal
+    thread runs ``renew_step``. Fields both of them write are guarded by ``_mutex``; each thread has
+    its own request counters so neither overwrites the other's increments.
+    """
+
+    def __init__(self, client: Any, table: str, key: str, lease_ms: int, wait_ms: int) -> None:
+        if type(lease_ms) is not int or not MIN_LEASE_MS <= lease_ms <= MAX_DURATION_MS:
+            raise ValueError(f"lease_ms must be an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {lease_ms!r}")
+        if type(wait_ms) is not int or not 0 <= wait_ms <= MAX_DURATION_MS:
+            raise ValueError(f"wait_ms must be an int in 0-{MAX_DURATION_MS}, got {wait_ms!r}")
+        self.table = check_table(table)
+        self.key = check_key(key)
+        self.lease_ms = lease_ms
+        self.wait_ms = wait_ms
+        self._client = client
+        self._store = client._store
+        self._clock = client._clock
+        self._cache_key = (table, key)
+        self._mutex = threading.Lock()
+        # Written by the caller's thread, and by the renewal thread only to move HELD -> LOST.
+        self.state = NEW
+        self.lost_cause: Optional[str] = None
+        # Written once by the caller's thread before renewal is scheduled; read-only afterwards.
+        self.owner: Optional[str] = None
+        # Written under _mutex by whichever thread confirms a write (acquire: caller; renew: renewal).
+        self.version: Optional[str] = None
+        self._valid_until_mono_ns = 0
+        self._wall_stamp_ns = 0
+        self._valid_until_wall_ns = 0
+        # An acquisition write whose outcome is unknown: (owner, version, mono_ns, wall_ns). Caller only.
+        self._pending: Optional[tuple] = None
+        # A renewal write whose outcome is unknown: (version, mono_ns, wall_ns). Renewal thread only.
+        self._renew_pending: Optional[tuple] = None
+        self._renew_errors = 0  # consecutive failed renewal requests; renewal thread only
+        self._renew_at_ns = 0  # due time of the live heap entry; 0 when unscheduled (under scheduler lock)
+        self._hint_ns = 0  # how long the last failed attempt suggests waiting; caller only
+        # Caller-thread counters.
+        self._writes = 0
+        self._reads = 0
+        self._conditional_failures = 0
+        self._request_failures = 0
+        self._wait_timeouts = 0
+        self._cleanup_failures = 0
+        self._wait_ns = 0
+        # Renewal-thread counters.
+        self._renew_writes = 0
+        self._renew_reads = 0
+        self._renew_conditional_failures = 0
+        self._renew_request_failures = 0
+        self._renewals = 0
+        # Capacity reported by stores from either thread; under _mutex.
+        self._rcu = 0.0
+        self._wcu = 0.0
+
+    # ---- small helpers ---------------------------------------------------------------------
+    def add_capacity(self, rcu: float, wcu: float) -> None:
+        """Stores report consumed capacity of successful responses here."""
+        with self._mutex:
+            self._rcu += rcu
+            self._wcu += wcu
+
+    def _timeout_s(self, deadline_ns: int, now_ns: int) -> float:
+        return max(min(request_timeout_ns(self.lease_ms), deadline_ns - now_ns), 1_000_000) / 1e9
+
+    def _valid_at(self, mono_ns: int, wall_ns: int) -> bool:
+        # A backwards wall jump (wall_ns < stamp) invalidates: we cannot tell how much time passed.
+        return (
+            mono_ns < self._valid_until_mono_ns
+            and self._wall_stamp_ns <= wall_ns < self._valid_until_wall_ns
+        )
+
+    def _set_validity(self, mono_ns: int, wall_ns: int) -> None:
+        span = validity_ns(self.lease_ms)
+        self._valid_until_mono_ns = mono_ns + span
+        self._wall_stamp_ns = wall_ns
+        self._valid_until_wall_ns = wall_ns + span
+
+    def _mark_lost(self, cause: str) -> bool:
+        """HELD -> LOST once; returns True if this call made the transition."""
+        with self._mutex:
+            if self.state != HELD:
+                return False
+            self.state = LOST
+            self.lost_cause = cause
+        self._client._scheduler.cancel(self)
+        _log.warning("lease lost: table=%s key=%r cause=%s", self.table, self.key, cause)
+        return True
+
+    # ---- public state ----------------------------------------------------------------------
+    @property
+    def state_name(self) -> str:
+        return STATE_NAMES[self.state]
+
+    def is_valid(self) -> bool:
+        """True while the lease is held and within its validity on both clocks."""
+        clock = self._clock
+        with self._mutex:
+            return self.state == HELD and self._valid_at(clock.monotonic_ns(), clock.time_ns())
+
+    def raise_if_lost(self) -> None:
+        """Raise LockLost unless ownership is still valid now (a local check, no request)."""
+        clock = self._clock
+        with self._mutex:
+            state = self.state
+            if state == HELD:
+                if self._valid_at(clock.monotonic_ns(), clock.time_ns()):
+                    return
+        if state == HELD:
+            self._mark_lost("unreachable" if self._renew_errors else "expired")
+        elif self.lost_cause is None:
+            raise RuntimeError(f"lease on {self.key!r} is {STATE_NAMES[state]}, not held")
+        cause = self.lost_cause
+        raise LockLost(f"lease on {self.key!r} was lost: {cause}", key=self.key, cause=cause or "expired")
+
+    def counters(self) -> tuple:
+        """(write_requests, read_requests, renewals, wait_ns, conditional_failures, request_failures,
+        wait_timeouts, cleanup_failures, lost, consumed_rcu, consumed_wcu)."""
+        with self._mutex:
+            rcu, wcu = self._rcu, self._wcu
+            lost = self.lost_cause is not None
+        return (
+            self._writes + self._renew_writes,
+            self._reads + self._renew_reads,
+            self._renewals,
+            self._wait_ns,
+            self._conditional_failures + self._renew_conditional_failures,
+            self._request_failures + self._renew_request_failures,
+            self._wait_timeouts,
+            self._cleanup_failures,
+            lost,
+            rcu,
+            wcu,
+        )
+
+    # ---- acquisition (caller's thread) -------------------------------------------------------
+    def acquire(self) -> None:
+        """NEW -> HELD, or raise LockNotAcquired / MalformedLockRow / StoreError (state FAILED).
+
+        The wait policy: one attempt; while contended, wait for the shorter of the poll interval and
+        the time until a takeover could be allowed, or until this client releases the key; transient
+        store errors back off exponentially. Never beyond the wait budget.
+        """
+        with self._mutex:
+            if self.state != NEW:
+                raise RuntimeError("lease guards are single-use: create a new guard for each acquisition")
+            self.state = ACQUIRING
+        clock = self._clock
+        start_ns = clock.monotonic_ns()
+        deadline_ns = start_ns + self.wait_ms * _NS_PER_MS
+        backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
+        last_error: Optional[BaseException] = None
+        try:
+            while True:
+                try:
+                    if self._attempt(deadline_ns):
+                        self._wait_ns = clock.monotonic_ns() - start_ns
+                        return
+                    delay_ns = min(self._hint_ns, int(POLL_INTERVAL_MS * _NS_PER_MS * (0.5 + random.random())))
+                    backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
+                except StoreError as error:
+                    last_error = error
+                    delay_ns = int(backoff_ns * (0.5 + random.random()))
+                    backoff_ns = min(backoff_ns * 2, POLL_INTERVAL_MS * 5 * _NS_PER_MS)
+                remaining_ns = deadline_ns - clock.monotonic_ns()
+                if self.wait_ms == 0 or remaining_ns <= 0:
+                    break
+                # A wait that would cross the deadline is cut to it, then one last attempt is made.
+                self._wait_for_release(clock, min(delay_ns, remaining_ns))
+        except BaseException:
+            self._fail_acquisition(start_ns)
+            raise
+        self._wait_timeouts += 1
+        self._fail_acquisition(start_ns)
+        raise LockNotAcquired(
+            f"lease on {self.key!r} in table {self.table!r} not acquired within {self.wait_ms / 1000:g}s",
+            key=self.key,
+        ) from last_error
+
+    def _wait_for_release(self, clock: Any, delay_ns: int) -> None:
+        """Sleep up to delay_ns, woken early when this client releases the same key."""
+        signals = self._client._release_signals
+        event = signals.get(self._cache_key)
+        if event is None:
+            event = signals.setdefault(self._cache_key, threading.Event())
+        clock.wait(event, delay_ns / 1e9)
+
+    def _fail_acquisition(self, start_ns: int) -> None:
+        with self._mutex:
+            if self.state == ACQUIRING:
+                self.state = FAILED
+        self._wait_ns = self._clock.monotonic_ns() - start_ns
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            # A put that may have committed: remove it if it did, so nobody waits a lease for it.
+            self._delete_owned(pending[0], cleanup_budget_ns(self.lease_ms))
+
+    def _attempt(self, deadline_ns: int) -> bool:
+        """One acquisition step. True when held; False with ``_hint_ns`` set when contended."""
+        row = self._reconcile_acquisition(deadline_ns) if self._pending is not None else None
+        if row is None:
+            row = self._put_or_read(deadline_ns)
+            if row is None:  # released between our put and our read: it earns one more put
+                row = self._put_or_read(deadline_ns)
+        if row is True:
+            return True
+        self._hint_ns = 0
+        if row is None:
+            return False
+        check_row(row, self.key)
+        owner, version, stored_lease_ms, _ = row
+        now_ns = self._clock.monotonic_ns()
+        seen_ns = self._client._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
+        remaining_ns = stored_lease_ms * _NS_PER_MS - seen_ns
+        if remaining_ns > 0:
+            self._hint_ns = remaining_ns
+            return False
+        return self._take_over(owner, version, deadline_ns)
+
+    def _put_or_read(self, deadline_ns: int) -> Any:
+        """Put a fresh row; if the key is taken, read it. True when held, else the row (or None)."""
+        if self._put(deadline_ns):
+            return True
+        if self._pending is not None:  # unknown outcome and the reconciling read failed: back off
+            raise StoreError(f"acquisition of {self.key!r} unconfirmed", key=self.key, maybe_committed=True)
+        return self._read(deadline_ns)
+
+    def _read(self, deadline_ns: int) -> Any:
+        now_ns = self._clock.monotonic_ns()
+        self._reads += 1
+        try:
+            return self._store.read(self.table, self.key, self._timeout_s(deadline_ns, now_ns), self)
+        except StoreError:
+            self._request_failures += 1
+            raise
+
+    def _put(self, deadline_ns: int) -> bool:
+        clock = self._clock
+        owner, version = new_token(), new_token()
+        mono_ns, wall_ns = clock.monotonic_ns(), clock.time_ns()
+        self._writes += 1
+        try:
+            applied = self._store.put_if_absent(
+                self.table, self.key, owner, version, self.lease_ms, self._timeout_s(deadline_ns, mono_ns), self
+            )
+        except StoreError as error:
+            self._request_failures += 1
+            if not error.maybe_committed:
+                raise
+            self._pending = (owner, version, mono_ns, wall_ns)
+            return self._reconcile_or_keep_pending(deadline_ns)
+        if applied:
+            return self._confirm(owner, version, mono_ns, wall_ns)
+        self._conditional_failures += 1
+        return False
+
+    def _take_over(self, seen_owner: str, seen_version: str, deadline_ns: int) -> bool:
+        clock = self._clock
+        owner, version = new_token(), new_token()
+        mono_ns, wall_ns = clock.monotonic_ns(), clock.time_ns()
+        self._writes += 1
+        try:
+            applied = self._store.replace_if(
+                self.table, self.key, seen_owner, seen_version, owner, version, self.lease_ms,
+                self._timeout_s(deadline_ns, mono_ns), self,
+            )
+        except StoreError as error:
+            self._request_failures += 1
+            if not error.maybe_committed:
+                raise
+            self._pending = (owner, version, mono_ns, wall_ns)
+            return self._reconcile_or_keep_pending(deadline_ns)
+        if applied:
+            return self._confirm(owner, version, mono_ns, wall_ns)
+        self._conditional_failures += 1
+        return False
+
+    def _reconcile_or_keep_pending(self, deadline_ns: int) -> bool:
+        """Right after an ambiguous write: one consistent read. A failed read keeps it pending."""
+        try:
+            return self._reconcile_acquisition(deadline_ns) is True
+        except StoreError:
+            return False
+
+    def _reconcile_acquisition(self, deadline_ns: int) -> Any:
+        """Resolve a pending write by a consistent read: True if the row holds exactly our owner and
+        version (and the confirmation is still valid), else the row as read (None when absent)."""
+        row = self._read(deadline_ns)
+        owner, version, mono_ns, wall_ns = self._pending
+        if row is not None and row[0] == owner and row[1] == version:
+            self._pending = None
+            return True if self._confirm(owner, version, mono_ns, wall_ns) else None
+        self._pending = None
+        return row
+
+    def _confirm(self, owner: str, version: str, mono_ns: int, wall_ns: int) -> bool:
+        """A write of ours is confirmed: HELD with validity from the stamp taken before the write.
+
+        A confirmation that arrives after that validity ended (a very slow response) does not count:
+        the row is ours, so it is deleted, and the attempt reports contention.
+        """
+        clock = self._clock
+        with self._mutex:
+            if self.state != ACQUIRING:
+                return False  # a late success never revives a failed or cancelled guard
+            self._set_validity(mono_ns, wall_ns)
+            if not self._valid_at(clock.monotonic_ns(), clock.time_ns()):
+                stale = True
+            else:
+                stale = False
+                self.owner = owner
+                self.version = version
+                self.state = HELD
+        if stale:
+            self._delete_owned(owner, cleanup_budget_ns(self.lease_ms))
+            self._hint_ns = 0
+            return False
+        self._client._observations.forget(self._cache_key)
+        self._client._scheduler.schedule(self, mono_ns + renew_interval_ns(self.lease_ms))
+        return True
+
+    # ---- renewal (renewal thread) ------------------------------------------------------------
+    def renew_step(self, now_ns: int) -> int:
+        """Run one due renewal; return the next due time in ns, or 0 when no more renewals are needed.
+
+        Never raises: any failure becomes a lost lease with a cause, because an exception escaping
+        the renewal thread would silently stop every lease of the client.
+        """
+        try:
+            return self._renew_step(now_ns)
+        except BaseException as error:  # noqa: BLE001 - see docstring
+            _log.warning("renewal of %r failed unexpectedly: %r", self.key, error)
+            self._mark_lost("unreachable")
+            return 0
+
+    def _renew_step(self, now_ns: int) -> int:
+        clock = self._clock
+        with self._mutex:
+            if self.state != HELD:
+                return 0
+            owner, version = self.owner, self.version
+            deadline_ns = self._valid_until_mono_ns
+            valid = self._valid_at(clock.monotonic_ns(), clock.time_ns())
+        if not valid:
+            self._mark_lost("unreachable" if self._renew_errors else "expired")
+            return 0
+        retry_ns = renew_retry_ns(self.lease_ms)
+        if self._renew_pending is not None:
+            # The previous renewal's outcome is unknown: read before writing again, because a retry
+            # conditioned on the old version would fail if the previous write did land.
+            pending_version, p_mono, p_wall = self._renew_pending
+            self._renew_reads += 1
+            try:
+                row = self._store.read(self.table, self.key, self._timeout_s(deadline_ns, now_ns), self)
+            except StoreError:
+                self._renew_request_failures += 1
+                self._renew_errors += 1
+                return min(clock.monotonic_ns() + retry_ns, deadline_ns)
+            self._renew_pending = None
+            if row is not None and row[0] == owner and row[1] == pending_version:
+                return self._confirm_renewal(version, pending_version, p_mono, p_wall)
+            if row is None or row[0] != owner or row[1] != version:
+                self._mark_lost("stolen")
+                return 0
+        new_version = new_token()
+        mono_ns, wall_ns = clock.monotonic_ns(), clock.time_ns()
+        self._renew_writes += 1
+        try:
+            applied = self._store.update_version_if(
+                self.table, self.key, owner, version, new_version, self._timeout_s(deadline_ns, mono_ns), self
+            )
+        except StoreError as error:
+            self._renew_request_failures += 1
+            self._renew_errors += 1
+            if error.maybe_committed:
+                self._renew_pending = (new_version, mono_ns, wall_ns)
+            return min(clock.monotonic_ns() + retry_ns, deadline_ns)
+        if applied:
+            return self._confirm_renewal(version, new_version, mono_ns, wall_ns)
+        self._renew_conditional_failures += 1
+        self._mark_lost("stolen")
+        return 0
+
+    def _confirm_renewal(self, old_version: str, new_version: str, mono_ns: int, wall_ns: int) -> int:
+        with self._mutex:
+            if self.state != HELD or self.version != old_version:
+                return 0  # released or lost meanwhile: a late success never revives it
+            self.version = new_version
+            self._set_validity(mono_ns, wall_ns)
+        self._renewals += 1
+        self._renew_errors = 0
+        return mono_ns + renew_interval_ns(self.lease_ms)
+
+    # ---- release (caller's thread) -------------------------------------------------------------
+    def release(self) -> None:
+        """HELD/LOST -> RELEASED (or stays LOST). Raises LockLost if the row was no longer ours
+        (another owner may have run meanwhile), LockReleaseError if the delete stayed unconfirmed."""
+        with self._mutex:
+            state = self.state
+            if state == HELD:
+                self.state = RELEASING
+            elif state != LOST:
+                raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[state]}")
+        self._client._scheduler.cancel(self)
+        budget_ns = cleanup_budget_ns(self.lease_ms)
+        try:
+            deleted = self._delete_owned(self.owner, budget_ns, raise_on_failure=True)
+        finally:
+            with self._mutex:
+                if self.state == RELEASING:
+                    self.state = RELEASED
+        if deleted:
+            signal = self._client._release_signals.pop(self._cache_key, None)
+            if signal is not None:
+                signal.set()
+            return
+        # The row was not ours any more: someone took over (or removed it). Fail closed.
+        with self._mutex:
+            if self.lost_cause is None:
+                self.lost_cause = "stolen"
+                self.state = LOST
+        cause = self.lost_cause
+        raise LockLost(f"lease on {self.key!r} was lost before release: {cause}", key=self.key, cause=cause)
+
+    def _delete_owned(self, owner: str, budget_ns: int, raise_on_failure: bool = False) -> bool:
+        """Delete the row if ``owner`` still holds it, retrying transient errors within the budget.
+
+        True: our row is gone (deleted now, or confirmed absent after an ambiguous delete).
+        False: the row belongs to someone else or was absent. Raises LockReleaseError when the
+        outcome stays unknown and ``raise_on_failure`` is set; otherwise logs and returns True.
+        """
+        clock = self._clock
+        deadline_ns = clock.monotonic_ns() + budget_ns
+        backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
+        error: Optional[StoreError] = None
+        ambiguous = False
+        while True:
+            now_ns = clock.monotonic_ns()
+            try:
+                if ambiguous:
+                    self._reads += 1
+                    row = self._store.read(self.table, self.key, self._timeout_s(deadline_ns, now_ns), self)
+                    if row is None or row[0] != owner:
+                        return True
+                    ambiguous = False
+                    continue
+                self._writes += 1
+                if self._store.delete_if_owner(self.table, self.key, owner, self._timeout_s(deadline_ns, now_ns), self):
+                    return True
+                self._conditional_failures += 1
+                return False
+            except StoreError as failure:
+                self._request_failures += 1
+                error = failure
+                ambiguous = ambiguous or failure.maybe_committed
+            now_ns = clock.monotonic_ns()
+            if now_ns + backoff_ns >= deadline_ns:
+                break
+            clock.wait(_NEVER_SET, backoff_ns / 1e9)
+            backoff_ns = min(backoff_ns * 2, POLL_INTERVAL_MS * 5 * _NS_PER_MS)
+        self._cleanup_failures += 1
+        message = f"release of {self.key!r} in table {self.table!r} unconfirmed after {budget_ns / 1e9:g}s"
+        if raise_on_failure:
+            raise LockReleaseError(message, key=self.key) from error
+        _log.warning("%s; the row is recovered by observation", message)
+        return True
+
+
+_NEVER_SET = threading.Event()  # waited on for plain back-off sleeps that honour an injected clock
+
+
+# ---------------------------------------------------------------------------------------------
+# Renewal scheduler: one thread per client, a heap of due renewals
+# ---------------------------------------------------------------------------------------------
+class RenewalScheduler:
+    """Renews every held lease of one client from a single thread.
+
+    The heap holds (due_ns, sequence, lease). Cancelling is lazy: an entry is live only while
+    ``lease._renew_at_ns == due_ns``; stale entries are dropped when popped, and the heap is compacted
+    when they outnumber the live ones, so short holds cannot grow it without bound. A clock that
+    drives the scheduler itself (``FakeClock``) gets no thread: it calls ``run_due`` as time moves.
+    """
+
+    def __init__(self, clock: Any) -> None:
+        self._clock = clock
+        self._heap: list = []
+        self._sequence = 0
+        self._stale = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+        self._manual = bool(clock.attach_scheduler(self))
+
+    def __len__(self) -> int:
+        """Live scheduled renewals."""
+        with self._cond:
+            return len(self._heap) - self._stale
+
+    def schedule(self, lease: Lease, due_ns: int) -> None:
+        """Renew ``lease`` at ``due_ns`` (monotonic); starts the thread on first use."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the client is closed: create a new client")
+            self._push_locked(lease, due_ns)
+
+    def _push_locked(self, lease: Lease, due_ns: int) -> None:
+        if lease._renew_at_ns:
+            self._stale += 1
+        lease._renew_at_ns = due_ns
+        self._sequence += 1
+        earliest = not self._heap or due_ns < self._heap[0][0]
+        heapq.heappush(self._heap, (due_ns, self._sequence, lease))
+        if self._manual:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="fastlease-renewal", daemon=True)
+            self._thread.start()
+        elif earliest:
+            self._cond.notify()
+
+    def cancel(self, lease: Lease) -> None:
+        with self._cond:
+            if lease._renew_at_ns:
+                lease._renew_at_ns = 0
+                self._stale += 1
+                if self._stale > 64 and self._stale * 2 > len(self._heap):
+                    self._heap = [entry for entry in self._heap if entry[2]._renew_at_ns == entry[0]]
+                    heapq.heapify(self._heap)
+                    self._stale = 0
+
+    def next_due_ns(self) -> int:
+        """Due time of the earliest live renewal, or 0 when none is scheduled."""
+        with self._cond:
+            heap = self._heap
+            while heap and heap[0][2]._renew_at_ns != heap[0][0]:
+                heapq.heappop(heap)
+                self._stale -= 1
+            return heap[0][0] if heap else 0
+
+    def _pop_due(self, now_ns: int) -> Optional[Lease]:
+        """Under the lock: pop the next due live entry, or None."""
+        heap = self._heap
+        while heap and heap[0][0] <= now_ns:
+            due_ns, _, lease = heapq.heappop(heap)
+            if lease._renew_at_ns == due_ns:
+                lease._renew_at_ns = 0
+                return lease
+            self._stale -= 1
+        return None
+
+    def _reschedule(self, lease: Lease, next_ns: int) -> None:
+        if next_ns:
+            with self._cond:
+                if not self._closed:
+                    self._push_locked(lease, next_ns)
+
+    def run_due(self) -> int:
+        """Run every renewal due now in the calling thread; returns how many ran (manual clocks)."""
+        ran = 0
+        while True:
+            now_ns = self._clock.monotonic_ns()
+            with self._cond:
+                lease = self._pop_due(now_ns)
+            if lease is None:
+                return ran
+            self._reschedule(lease, lease.renew_step(now_ns))
+            ran += 1
+
+    def _run(self) -> None:
+        clock = self._clock
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        self._thread = None
+                        return
+                    now_ns = clock.monotonic_ns()
+                    lease = self._pop_due(now_ns)
+                    if lease is not None:
+                        break
+                    if self._heap:
+                        self._cond.wait((self._heap[0][0] - now_ns) / 1e9)
+                    elif not self._cond.wait(SCHEDULER_IDLE_EXIT_MS / 1000) and not self._heap and not self._closed:
+                        self._thread = None  # idle: exit; the next schedule() starts a new thread
+                        return
+            self._reschedule(lease, lease.renew_step(now_ns))
+
+    def close(self) -> None:
+        """Stop the thread; held leases stop renewing and lapse locally at their validity."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)

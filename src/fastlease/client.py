@@ -1,0 +1,43 @@
+"""What every store's client shares: the engine objects that live once per client.
+
+A client owns one store adapter, one observation cache (4,096 entries), one renewal scheduler
+(one thread, started at the first acquisition) and the same-process release signals that wake
+waiters at once. Create one client per process and store, inside the worker process.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import ModuleType
+from typing import Any, Optional
+
+from . import _impl
+
+
+class LeaseClient:
+    """Base of every store client. Not used directly: see MemoryClient and the store clients."""
+
+    def __init__(self, store: Any, *, clock: Optional[Any] = None, _core: Optional[ModuleType] = None) -> None:
+        core = _core if _core is not None else _impl.core
+        self._core = core
+        self._store = store
+        self._clock = clock if clock is not None else core.SYSTEM_CLOCK
+        self._observations = core.ObservationCache(core.OBSERVATION_CACHE_SIZE)
+        self._scheduler = core.RenewalScheduler(self._clock)
+        # (table, key) -> Event set by this client's release of that key; waiters create entries.
+        self._release_signals: dict[tuple[str, str], threading.Event] = {}
+
+    @property
+    def implementation(self) -> str:
+        """``"c"`` when this client runs the compiled engine, ``"py"`` for the pure-Python twin."""
+        return str(self._core.IMPLEMENTATION)
+
+    def close(self) -> None:
+        """Stop the renewal thread. Leases still held lapse locally; their rows are recovered by others."""
+        self._scheduler.close()
+
+    def __enter__(self) -> "LeaseClient":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,120 @@
+"""``distributed_lock``: wrap a function so that each call holds a lease on its resolved key.
+
+Everything is decided once, at decoration: the template is parsed, bound to the signature, and the
+single branch between ``def`` and ``async def`` picks the wrapper. Both wrappers use the same
+``_LockSpec.guard``, so the async branch adds no copy of the logic.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, TypeVar
+
+from .client import LeaseClient
+from .lock import (
+    DEFAULT_LEASE_DURATION,
+    DEFAULT_WAIT_TIMEOUT,
+    SyncDistributedLock,
+    check_client,
+    lease_duration_ms,
+    wait_timeout_ms,
+)
+
+__all__ = ["distributed_lock"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+class _LockSpec:
+    """Everything a decorated function's calls share; ``guard`` builds one call's lease."""
+
+    __slots__ = ("client", "table", "call_key", "lease_ms", "wait_ms", "_lease_class")
+
+    def __init__(self, client: LeaseClient, table: str, call_key: Any, lease_ms: int, wait_ms: int) -> None:
+        self.client = client
+        self.table = table
+        self.call_key = call_key
+        self.lease_ms = lease_ms
+        self.wait_ms = wait_ms
+        self._lease_class = client._core.Lease
+
+    def guard(self, args: tuple, kwargs: dict) -> SyncDistributedLock:
+        key = self.call_key.resolve(args, kwargs)
+        return SyncDistributedLock._from_lease(
+            self._lease_class(self.client, self.table, key, self.lease_ms, self.wait_ms)
+        )
+
+
+def _bind_template(core: Any, template: Any, fn: Callable[..., Any]) -> Any:
+    """Map each placeholder to its argument's position and default, from the signature."""
+    parameters = list(inspect.signature(fn).parameters.values())
+    by_name = {parameter.name: parameter for parameter in parameters}
+    positions, defaults = [], []
+    for name in template.names:
+        parameter = by_name.get(name)
+        if parameter is None or parameter.kind in _VARIADIC:
+            raise ValueError(
+                f"key placeholder {{{name}}} must name a regular argument of {fn.__qualname__}"
+                f"{inspect.signature(fn)} (not *args or **kwargs)"
+            )
+        positions.append(parameters.index(parameter) if parameter.kind in _POSITIONAL else -1)
+        defaults.append(core.MISSING if parameter.default is inspect.Parameter.empty else parameter.default)
+    return core.CallKey(template, tuple(positions), tuple(defaults))
+
+
+def distributed_lock(
+    client: LeaseClient,
+    *,
+    table: str,
+    key: str,
+    lease_duration: float = DEFAULT_LEASE_DURATION,
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+) -> Callable[[F], F]:
+    """Hold a lease on ``key`` (a template over the function's arguments) during each call.
+
+    ``key="customer-sync:{customer_id}"`` resolves from the ``customer_id`` argument, which must be a
+    str. The body is never retried: contention beyond ``wait_timeout`` raises ``LockNotAcquired``
+    before the function runs. Generators are rejected. Signature, return value and exceptions are
+    preserved.
+    """
+    check_client(client)
+    core = client._core
+    lease_ms = lease_duration_ms(lease_duration)
+    wait_ms = wait_timeout_ms(wait_timeout)
+    core.check_table(table)
+    template = core.KeyTemplate(key)
+
+    def decorate(fn: F) -> F:
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(
+                f"distributed_lock cannot wrap generator {fn.__qualname__}: the lease would end "
+                "before the generator is consumed; lock inside the generator instead"
+            )
+        if not callable(fn):
+            raise TypeError(f"distributed_lock wraps functions, got {type(fn).__name__}")
+        spec = _LockSpec(client, table, _bind_template(core, template, fn), lease_ms, wait_ms)
+        if inspect.iscoroutinefunction(fn):
+            return _async_wrapper(fn, spec)
+        return _sync_wrapper(fn, spec)
+
+    return decorate
+
+
+def _sync_wrapper(fn: F, spec: _LockSpec) -> F:
+    @functools.wraps(fn)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with spec.guard(args, kwargs):
+            return fn(*args, **kwargs)
+
+    return locked  # type: ignore[return-value]
+
+
+def _async_wrapper(fn: F, spec: _LockSpec) -> F:
+    raise TypeError(
+        f"distributed_lock does not support async def functions yet ({fn.__qualname__}); "
+        "wrap a def function"
+    )

@@ -1,0 +1,63 @@
+"""Every exception fastlease raises on purpose, under one root: :class:`FastleaseError`.
+
+Bad arguments (durations, keys, templates, table names) raise the builtin ``ValueError`` or
+``TypeError`` with the offending value in the message; they are programming errors, not lease
+outcomes, so they do not live under ``FastleaseError``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = [
+    "FastleaseError",
+    "LockNotAcquired",
+    "LockLost",
+    "LockReleaseError",
+    "MalformedLockRow",
+    "StoreError",
+    "LOST_CAUSES",
+]
+
+#: The values ``LockLost.cause`` can take.
+#: ``stolen``: the row changed owner or vanished under us;
+#: ``expired``: local validity ran out without a failed request (a stalled process or renewal thread);
+#: ``unreachable``: renewal requests kept failing until validity ran out;
+#: ``cancelled``: the holder gave up the lease on purpose (for example when ``max_hold`` elapsed).
+LOST_CAUSES = ("stolen", "expired", "unreachable", "cancelled")
+
+
+class FastleaseError(Exception):
+    """Root of every lease outcome fastlease reports; ``.key`` names the lease key when known."""
+
+    def __init__(self, message: str, *, key: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class LockNotAcquired(FastleaseError, TimeoutError):
+    """The wait budget ran out (or acquisition was cancelled) before the lease was held."""
+
+
+class LockLost(FastleaseError):
+    """Ownership is no longer valid; ``.cause`` is one of :data:`LOST_CAUSES`."""
+
+    def __init__(self, message: str, *, key: Optional[str] = None, cause: str = "expired") -> None:
+        super().__init__(message, key=key)
+        self.cause = cause
+
+
+class LockReleaseError(FastleaseError):
+    """The release could not be confirmed within the cleanup budget; the row may remain until taken over."""
+
+
+class MalformedLockRow(FastleaseError, ValueError):
+    """A stored lock row is not a valid protocol row; it is never taken over (fail closed)."""
+
+
+class StoreError(FastleaseError):
+    """A store request failed; ``.maybe_committed`` says whether a write could have been applied."""
+
+    def __init__(self, message: str, *, key: Optional[str] = None, maybe_committed: bool = False) -> None:
+        super().__init__(message, key=key)
+        self.maybe_committed = maybe_committed

@@ -1,0 +1,178 @@
+"""``SyncDistributedLock``: the sync guard, and the one place where seconds become milliseconds.
+
+The guard is a thin shell over the engine's ``Lease`` (``fastlease._core``): the engine holds the
+protocol, the wait policy and the state machine; this module validates the public arguments and
+shapes the context-manager contract (single use, cleanup errors attached to the body's exception).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import sys
+from types import TracebackType
+from typing import Any, NamedTuple, Optional, Type
+
+from .client import LeaseClient
+from .exceptions import FastleaseError
+
+__all__ = ["SyncDistributedLock", "LeaseMetrics", "DEFAULT_LEASE_DURATION", "DEFAULT_WAIT_TIMEOUT"]
+
+_log = logging.getLogger("fastlease.lock")
+
+DEFAULT_LEASE_DURATION = 30.0
+DEFAULT_WAIT_TIMEOUT = 35.0
+MIN_LEASE_DURATION = 0.1
+MAX_DURATION = 86_400.0
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _seconds_to_ms(name: str, seconds: Any, minimum: float) -> int:
+    # typed=True keeps True and 1, or 30 and 30.0, apart; exceptions are never cached.
+    if type(seconds) is bool or not isinstance(seconds, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(seconds).__name__}: {seconds!r:.80}")
+    if not (math.isfinite(seconds) and minimum <= seconds <= MAX_DURATION):
+        raise ValueError(f"{name} must be finite and between {minimum:g} and {MAX_DURATION:g} seconds, got {seconds!r}")
+    return max(int(round(seconds * 1000)), int(minimum * 1000))
+
+
+def lease_duration_ms(lease_duration: float) -> int:
+    """Validate ``lease_duration`` (0.1-86,400 s, finite) and convert it to integer milliseconds."""
+    return _seconds_to_ms("lease_duration", lease_duration, MIN_LEASE_DURATION)
+
+
+def wait_timeout_ms(wait_timeout: float) -> int:
+    """Validate ``wait_timeout`` (0-86,400 s, finite) and convert it to integer milliseconds."""
+    return _seconds_to_ms("wait_timeout", wait_timeout, 0.0)
+
+
+def check_client(client: object) -> LeaseClient:
+    if not isinstance(client, LeaseClient):
+        raise TypeError(f"client must be a fastlease client (MemoryClient, ...), got {type(client).__name__}")
+    return client
+
+
+class LeaseMetrics(NamedTuple):
+    """A snapshot of one lease's requests and outcome (``lease.metrics``)."""
+
+    write_requests: int
+    read_requests: int
+    renewals: int
+    wait_ms: float
+    conditional_failures: int
+    request_failures: int
+    wait_timeouts: int
+    cleanup_failures: int
+    lost: bool
+    consumed_rcu: float
+    consumed_wcu: float
+
+
+def attach_cleanup_error(body_error: BaseException, cleanup_error: BaseException) -> None:
+    """The body's exception wins; the cleanup failure rides along as a note (or a log on 3.9/3.10)."""
+    note = f"fastlease: while releasing after this error: {type(cleanup_error).__name__}: {cleanup_error}"
+    if sys.version_info >= (3, 11):
+        body_error.add_note(note)
+    else:
+        _log.warning("%s", note)
+
+
+class SyncDistributedLock:
+    """A distributed lease on one key, held for the duration of a ``with`` block.
+
+    ``with SyncDistributedLock(client, table="locks", key="import:daily") as lease:`` acquires (waiting
+    up to ``wait_timeout`` seconds, else ``LockNotAcquired``), renews in the background every
+    lease/3 while the block runs, and releases on exit. Guards are single-use and not reentrant.
+    """
+
+    __slots__ = ("_lease",)
+
+    def __init__(
+        self,
+        client: LeaseClient,
+        *,
+        table: str,
+        key: str,
+        lease_duration: float = DEFAULT_LEASE_DURATION,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+    ) -> None:
+        check_client(client)
+        self._lease = client._core.Lease(
+            client, table, key, lease_duration_ms(lease_duration), wait_timeout_ms(wait_timeout)
+        )
+
+    @classmethod
+    def _from_lease(cls, lease: Any) -> "SyncDistributedLock":
+        """Wrap an engine lease built from already-validated arguments (the decorator's path)."""
+        guard = cls.__new__(cls)
+        guard._lease = lease
+        return guard
+
+    def __enter__(self) -> "SyncDistributedLock":
+        self._lease.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        if exc is None:
+            self._lease.release()
+            return
+        try:
+            self._lease.release()
+        except (FastleaseError, RuntimeError) as cleanup_error:
+            attach_cleanup_error(exc, cleanup_error)
+
+    # ---- the lease as seen by the block ---------------------------------------------------------
+    @property
+    def key(self) -> str:
+        """The resolved lease key."""
+        return str(self._lease.key)
+
+    @property
+    def table(self) -> str:
+        return str(self._lease.table)
+
+    @property
+    def lease_duration(self) -> float:
+        return float(self._lease.lease_ms / 1000)
+
+    @property
+    def state(self) -> str:
+        """``new``, ``acquiring``, ``held``, ``releasing``, ``released``, ``lost`` or ``failed``."""
+        return str(self._lease.state_name)
+
+    @property
+    def owner(self) -> Optional[str]:
+        """This acquisition's owner id (a UUID4) once held."""
+        owner: Optional[str] = self._lease.owner
+        return owner
+
+    @property
+    def lost_cause(self) -> Optional[str]:
+        """Why the lease was lost (``stolen``, ``expired``, ``unreachable``, ``cancelled``), or None."""
+        cause: Optional[str] = self._lease.lost_cause
+        return cause
+
+    def is_valid(self) -> bool:
+        """True while held and within local validity (90% of the lease since the last confirmed write)."""
+        return bool(self._lease.is_valid())
+
+    def raise_if_lost(self) -> None:
+        """Raise :class:`~fastlease.exceptions.LockLost` unless ownership is still valid (no request)."""
+        self._lease.raise_if_lost()
+
+    @property
+    def metrics(self) -> LeaseMetrics:
+        """A snapshot of this lease's requests, renewals, waits and failures."""
+        counters = self._lease.counters()
+        return LeaseMetrics(
+            counters[0], counters[1], counters[2], counters[3] / 1e6, *counters[4:]
+        )
+
+    def __repr__(self) -> str:
+        return f"<SyncDistributedLock table={self.table!r} key={self.key!r} state={self.state}>"

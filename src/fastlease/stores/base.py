@@ -1,0 +1,68 @@
+"""The store interface: the single atomic operations every lock store provides.
+
+A store is an adapter. It never loops, sleeps, retries, generates ids or reads a clock: the engine
+(``fastlease._core``) does all of that, once, for every store. A lost race is a return value
+(``False``); a failed request raises :class:`~fastlease.exceptions.StoreError` whose
+``maybe_committed`` says whether a write could still have been applied (a timeout after sending, a
+dropped response), so the engine knows to reconcile it with a consistent read.
+
+``timeout_s`` bounds the request; ``usage`` receives consumed capacity of successful responses.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Protocol
+
+
+class LockRow(NamedTuple):
+    """A lock row as stored: protocol v1 attributes, already converted to Python types."""
+
+    owner: str
+    version: str
+    lease_ms: int
+    protocol: int
+
+
+class UsageMeter(Protocol):
+    """Where a store reports the capacity consumed by a successful response."""
+
+    def add_capacity(self, rcu: float, wcu: float) -> None: ...
+
+
+class LockStore(Protocol):
+    """Single atomic operations on lock rows keyed by (table, key)."""
+
+    def put_if_absent(
+        self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        """Create the row (protocol 1) only if no row exists for the key. True if created."""
+        ...
+
+    def replace_if(
+        self,
+        table: str,
+        key: str,
+        expected_owner: str,
+        expected_version: str,
+        owner: str,
+        version: str,
+        lease_ms: int,
+        timeout_s: float,
+        usage: UsageMeter,
+    ) -> bool:
+        """Overwrite the whole row only if it holds exactly (expected_owner, expected_version)."""
+        ...
+
+    def update_version_if(
+        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        """Set version to new_version only if the row holds (owner, version); lease_ms is untouched."""
+        ...
+
+    def delete_if_owner(self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter) -> bool:
+        """Delete the row only if its owner is ``owner``. False if absent or owned by another."""
+        ...
+
+    def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
+        """Strongly consistent read of the row, or None. Mistyped attributes raise MalformedLockRow."""
+        ...

@@ -1,0 +1,137 @@
+"""In-memory store: a dict behind a lock, in-process. The first implementation of ``LockStore``.
+
+It has a fault hook (``MemoryStore.faults``, see :class:`fastlease.testing.FaultInjector`) that can
+delay requests, drop responses after applying them, or fail them with or without applying, so the
+engine's reconciliation is testable without a network. With no hook installed it adds one attribute
+check per request.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+from ..client import LeaseClient
+from .base import LockRow, UsageMeter
+
+__all__ = ["MemoryClient", "MemoryStore"]
+
+PROTOCOL_V1 = 1
+
+
+class MemoryStore:
+    """Lock rows of every table in one dict keyed by (table, key); every operation is atomic."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str], LockRow] = {}
+        self._lock = threading.Lock()
+        #: Optional fault hook: ``faults.run(operation, apply, args, timeout_s)``.
+        self.faults: Optional[Any] = None
+
+    # Each public operation routes through the fault hook only when one is installed.
+    def _call(self, operation: str, apply: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
+        faults = self.faults
+        if faults is None:
+            return apply(*args)
+        return faults.run(operation, apply, args, timeout_s)
+
+    def put_if_absent(
+        self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        if self.faults is None:
+            return self._put_if_absent(table, key, owner, version, lease_ms)
+        return self._call("put_if_absent", self._put_if_absent, (table, key, owner, version, lease_ms), timeout_s)
+
+    def _put_if_absent(self, table: str, key: str, owner: str, version: str, lease_ms: int) -> bool:
+        slot = (table, key)
+        with self._lock:
+            if slot in self._rows:
+                return False
+            self._rows[slot] = LockRow(owner, version, lease_ms, PROTOCOL_V1)
+            return True
+
+    def replace_if(
+        self,
+        table: str,
+        key: str,
+        expected_owner: str,
+        expected_version: str,
+        owner: str,
+        version: str,
+        lease_ms: int,
+        timeout_s: float,
+        usage: UsageMeter,
+    ) -> bool:
+        args = (table, key, expected_owner, expected_version, owner, version, lease_ms)
+        return self._call("replace_if", self._replace_if, args, timeout_s)
+
+    def _replace_if(
+        self, table: str, key: str, expected_owner: str, expected_version: str, owner: str, version: str, lease_ms: int
+    ) -> bool:
+        slot = (table, key)
+        with self._lock:
+            row = self._rows.get(slot)
+            if row is None or row.owner != expected_owner or row.version != expected_version:
+                return False
+            self._rows[slot] = LockRow(owner, version, lease_ms, PROTOCOL_V1)
+            return True
+
+    def update_version_if(
+        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        return self._call("update_version_if", self._update_version_if, (table, key, owner, version, new_version),
+                          timeout_s)
+
+    def _update_version_if(self, table: str, key: str, owner: str, version: str, new_version: str) -> bool:
+        slot = (table, key)
+        with self._lock:
+            row = self._rows.get(slot)
+            if row is None or row.owner != owner or row.version != version:
+                return False
+            self._rows[slot] = row._replace(version=new_version)
+            return True
+
+    def delete_if_owner(self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter) -> bool:
+        if self.faults is None:
+            return self._delete_if_owner(table, key, owner)
+        return self._call("delete_if_owner", self._delete_if_owner, (table, key, owner), timeout_s)
+
+    def _delete_if_owner(self, table: str, key: str, owner: str) -> bool:
+        slot = (table, key)
+        with self._lock:
+            row = self._rows.get(slot)
+            if row is None or row.owner != owner:
+                return False
+            del self._rows[slot]
+            return True
+
+    def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
+        return self._call("read", self._rows.get, ((table, key),), timeout_s)  # type: ignore[no-any-return]
+
+    # ---- direct access for tests and tools ------------------------------------------------------
+    def rows(self, table: str) -> dict[str, LockRow]:
+        """A snapshot of the table's rows by key."""
+        with self._lock:
+            return {key: row for (t, key), row in self._rows.items() if t == table}
+
+    def plant(self, table: str, key: str, row: Any) -> None:
+        """Store any row as is, unchecked: abandoned leases, foreign protocols, malformed rows."""
+        with self._lock:
+            self._rows[(table, key)] = row
+
+    def remove(self, table: str, key: str) -> None:
+        """Delete a row unconditionally (an operator's forced release)."""
+        with self._lock:
+            self._rows.pop((table, key), None)
+
+
+class MemoryClient(LeaseClient):
+    """A lease client on an in-process :class:`MemoryStore`.
+
+    Clients that share one ``store`` behave like separate processes sharing one table: each has its
+    own observation cache and renewal thread. ``clock`` injects time (see ``fastlease.testing.FakeClock``).
+    """
+
+    def __init__(self, *, store: Optional[MemoryStore] = None, clock: Optional[Any] = None, **engine: Any) -> None:
+        self.store = store if store is not None else MemoryStore()
+        super().__init__(self.store, clock=clock, **engine)
