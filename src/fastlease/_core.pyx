@@ -173,11 +173,8 @@ os.register_at_fork(after_in_child=_empty_pool_after_fork)
 cpdef str check_key(object key):
     """Return ``key`` if it is a str of 1-2,048 UTF-8 bytes, else raise TypeError/ValueError."""
     cdef Py_ssize_t size
-    if type(key) is not str:
-        if isinstance(key, str):
-            key = str(key)
-        else:
-            raise TypeError(f"lock key must be a str, got {type(key).__name__}: {key!r:.80}")
+    if type(key) is not str:  # str subclasses too: their str() may not be the value stored
+        raise TypeError(f"lock key must be a str, got {type(key).__name__}: {key!r:.80}")
     if (<str>key).isascii():
         size = len(<str>key)
     else:
@@ -422,6 +419,7 @@ cdef class Lease:
     # Due time of the live heap entry; 0 when unscheduled. Written under the scheduler's mutex.
     cdef int64_t _renew_at_ns
     cdef int64_t _hint_ns
+    cdef bint _row_seen  # the last attempt found the key held; caller only
     # Caller-thread counters.
     cdef int64_t _writes, _reads, _conditional_failures, _request_failures
     cdef int64_t _wait_timeouts, _cleanup_failures, _wait_ns
@@ -601,7 +599,13 @@ cdef class Lease:
     cdef bint _attempt(self, int64_t deadline_ns) except -1:
         """One acquisition step. True when held; False with ``_hint_ns`` set when contended."""
         cdef int64_t now_ns, seen_ns, remaining_ns
-        row = self._reconcile_acquisition(deadline_ns) if self._pending is not None else None
+        if self._pending is not None:
+            row = self._reconcile_acquisition(deadline_ns)
+        elif self._row_seen:
+            # Polling a held key costs a read, not a failed conditional write.
+            row = self._read(deadline_ns)
+        else:
+            row = None
         if row is None:
             row = self._put_or_read(deadline_ns)
             if row is None:  # released between our put and our read: it earns one more put
@@ -612,6 +616,7 @@ cdef class Lease:
         if row is None:
             return False
         check_row(row, self.key)
+        self._row_seen = True
         owner, version, stored_lease_ms, _ = row
         now_ns = self._mono()
         seen_ns = self._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
@@ -906,6 +911,11 @@ cdef class RenewalScheduler:
         """Live scheduled renewals."""
         with self._mutex:
             return len(self._heap) - self._stale
+
+    def heap_size(self):
+        """Entries in the heap, stale ones included (they are compacted away as they accumulate)."""
+        with self._mutex:
+            return len(self._heap)
 
     cdef inline void _notify(self) noexcept:
         # Caller holds _mutex.

@@ -104,11 +104,8 @@ def new_token() -> str:
 # ---------------------------------------------------------------------------------------------
 def check_key(key: object) -> str:
     """Return ``key`` if it is a str of 1-2,048 UTF-8 bytes, else raise TypeError/ValueError."""
-    if type(key) is not str:
-        if isinstance(key, str):
-            key = str(key)
-        else:
-            raise TypeError(f"lock key must be a str, got {type(key).__name__}: {key!r:.80}")
+    if type(key) is not str:  # str subclasses too: their str() may not be the value stored
+        raise TypeError(f"lock key must be a str, got {type(key).__name__}: {key!r:.80}")
     try:
         size = len(key.encode("utf-8"))
     except UnicodeEncodeError:
@@ -345,6 +342,7 @@ class Lease:
         self._renew_errors = 0  # consecutive failed renewal requests; renewal thread only
         self._renew_at_ns = 0  # due time of the live heap entry; 0 when unscheduled (under scheduler lock)
         self._hint_ns = 0  # how long the last failed attempt suggests waiting; caller only
+        self._row_seen = False  # the last attempt found the key held; caller only
         # Caller-thread counters.
         self._writes = 0
         self._reads = 0
@@ -507,7 +505,13 @@ class Lease:
 
     def _attempt(self, deadline_ns: int) -> bool:
         """One acquisition step. True when held; False with ``_hint_ns`` set when contended."""
-        row = self._reconcile_acquisition(deadline_ns) if self._pending is not None else None
+        if self._pending is not None:
+            row = self._reconcile_acquisition(deadline_ns)
+        elif self._row_seen:
+            # Polling a held key costs a read, not a failed conditional write.
+            row = self._read(deadline_ns)
+        else:
+            row = None
         if row is None:
             row = self._put_or_read(deadline_ns)
             if row is None:  # released between our put and our read: it earns one more put
@@ -518,6 +522,7 @@ class Lease:
         if row is None:
             return False
         check_row(row, self.key)
+        self._row_seen = True
         owner, version, stored_lease_ms, _ = row
         now_ns = self._clock.monotonic_ns()
         seen_ns = self._client._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
@@ -805,6 +810,11 @@ class RenewalScheduler:
         """Live scheduled renewals."""
         with self._cond:
             return len(self._heap) - self._stale
+
+    def heap_size(self) -> int:
+        """Entries in the heap, stale ones included (they are compacted away as they accumulate)."""
+        with self._cond:
+            return len(self._heap)
 
     def schedule(self, lease: Lease, due_ns: int) -> None:
         """Renew ``lease`` at ``due_ns`` (monotonic); starts the thread on first use."""

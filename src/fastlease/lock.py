@@ -27,11 +27,18 @@ MIN_LEASE_DURATION = 0.1
 MAX_DURATION = 86_400.0
 
 
-@functools.lru_cache(maxsize=256, typed=True)
 def _seconds_to_ms(name: str, seconds: Any, minimum: float) -> int:
-    # typed=True keeps True and 1, or 30 and 30.0, apart; exceptions are never cached.
-    if type(seconds) is bool or not isinstance(seconds, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(seconds).__name__}: {seconds!r:.80}")
+    kind = type(seconds)
+    if kind is not float and kind is not int:
+        if kind is bool or not isinstance(seconds, (int, float)):
+            raise TypeError(f"{name} must be a number of seconds, got {kind.__name__}: {seconds!r:.80}")
+        seconds = float(seconds)  # numpy scalars and other subclasses become plain numbers
+    return _checked_ms(name, seconds, minimum)
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _checked_ms(name: str, seconds: float, minimum: float) -> int:
+    # Cached because the same few durations are converted on every guard; exceptions are not cached.
     if not (math.isfinite(seconds) and minimum <= seconds <= MAX_DURATION):
         raise ValueError(f"{name} must be finite and between {minimum:g} and {MAX_DURATION:g} seconds, got {seconds!r}")
     return max(int(round(seconds * 1000)), int(minimum * 1000))

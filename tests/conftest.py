@@ -1,0 +1,58 @@
+"""Shared fixtures: every engine test runs once per implementation (``c`` and ``py``) in one run."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Callable, Iterator
+
+import pytest
+
+from fastlease import MemoryClient
+from fastlease.stores.memory import MemoryStore
+from fastlease.testing import FakeClock, FaultInjector
+
+
+@pytest.fixture(scope="session", params=["c", "py"])
+def core(request: pytest.FixtureRequest) -> ModuleType:
+    """The engine module under test. A missing compiled core fails the ``c`` run; it never skips."""
+    name = "fastlease._core" if request.param == "c" else "fastlease._core_py"
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:  # pragma: no cover - the point is to fail loudly
+        pytest.fail(f"compiled core not importable ({error}); run `make test` to build it")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    return MemoryStore()
+
+
+@pytest.fixture
+def make_client(core: ModuleType, store: MemoryStore) -> Iterator[Callable[..., MemoryClient]]:
+    """Build MemoryClients on the test's shared store (like processes sharing a table); closed after."""
+    clients: list[MemoryClient] = []
+
+    def build(**kwargs: object) -> MemoryClient:
+        kwargs.setdefault("store", store)
+        client = MemoryClient(_core=core, **kwargs)  # type: ignore[arg-type]
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def faults(store: MemoryStore, clock: FakeClock) -> FaultInjector:
+    injector = FaultInjector(clock)
+    store.faults = injector
+    yield injector
+    injector.unblock()
+    store.faults = None

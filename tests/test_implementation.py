@@ -1,0 +1,70 @@
+"""The compiled core is built and in use, and the twin matches it name for name."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+
+import pytest
+
+import fastlease
+import fastlease._core_py as twin
+
+
+@pytest.mark.c_extension
+def test_compiled_core_is_the_one_in_use():
+    if os.environ.get("FASTLEASE_NO_EXTENSIONS", "") not in ("", "0"):
+        pytest.fail("FASTLEASE_NO_EXTENSIONS is set: this run would not exercise the compiled core")
+    import fastlease._core as compiled
+
+    assert compiled.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    assert fastlease.IMPLEMENTATION == "c"
+    assert fastlease.MemoryClient().implementation == "c"
+
+
+def test_twin_and_core_export_the_same_public_names(core):
+    def public(module):
+        return {name for name in vars(module) if not name.startswith("_")} - {
+            "annotations", "Any", "Optional", "heapq", "logging", "os", "random", "threading", "time", "uuid",
+            "LockLost", "LockNotAcquired", "LockReleaseError", "MalformedLockRow", "StoreError", "cython",
+        }
+
+    assert public(core) == public(twin)
+
+
+def test_twin_and_core_agree_on_constants(core):
+    for name in ("PROTOCOL_V1", "MIN_LEASE_MS", "MAX_DURATION_MS", "MAX_KEY_BYTES", "OBSERVATION_CACHE_SIZE",
+                 "POLL_INTERVAL_MS", "ERROR_BACKOFF_MS", "SCHEDULER_IDLE_EXIT_MS", "STATE_NAMES",
+                 "NEW", "ACQUIRING", "HELD", "RELEASING", "RELEASED", "LOST", "FAILED"):
+        assert getattr(core, name) == getattr(twin, name), name
+    for lease_ms in (100, 999, 30_000, 86_400_000):
+        for fn in ("validity_ns", "renew_interval_ns", "renew_retry_ns", "request_timeout_ns", "cleanup_budget_ns"):
+            assert getattr(core, fn)(lease_ms) == getattr(twin, fn)(lease_ms), (fn, lease_ms)
+
+
+def test_tokens_are_uuid4_strings(core):
+    import uuid
+
+    tokens = {core.new_token() for _ in range(5000)}
+    assert len(tokens) == 5000
+    for token in list(tokens)[:200]:
+        parsed = uuid.UUID(token)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == token
+
+
+def test_forked_child_draws_different_tokens(core):
+    read_end, write_end = os.pipe()
+    core.new_token()  # fill the pool in the parent
+    pid = os.fork()
+    if pid == 0:  # child: report one token and exit without running any test machinery
+        os.write(write_end, core.new_token().encode())
+        os._exit(0)
+    os.close(write_end)
+    try:
+        child_token = os.read(read_end, 64).decode()
+    finally:
+        os.close(read_end)
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    parent_next = core.new_token()
+    assert len(child_token) == 36 and child_token != parent_next

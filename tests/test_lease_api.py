@@ -1,0 +1,198 @@
+"""The guard's contract (§1, §4): arguments, single use, metrics, states, errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fastlease import LockLost, LockNotAcquired, SyncDistributedLock
+from fastlease.exceptions import FastleaseError, LockReleaseError
+
+
+BAD_DURATIONS = [math.nan, math.inf, -math.inf, -1, 86_400.001, 10**9]
+
+
+@pytest.mark.parametrize("value", BAD_DURATIONS + [0, 0.0999, 0.05])
+def test_bad_lease_duration_raises_value_error_with_the_value(make_client, value):
+    client = make_client()
+    with pytest.raises(ValueError, match="lease_duration must be finite and between 0.1 and 86400") as info:
+        SyncDistributedLock(client, table="locks", key="k", lease_duration=value)
+    assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize("value", BAD_DURATIONS + [-0.001])
+def test_bad_wait_timeout_raises_value_error_with_the_value(make_client, value):
+    client = make_client()
+    with pytest.raises(ValueError, match="wait_timeout must be finite and between 0 and 86400") as info:
+        SyncDistributedLock(client, table="locks", key="k", wait_timeout=value)
+    assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize("value", [True, False, "30", None, b"1", [30]])
+def test_non_numeric_durations_raise_type_error(make_client, value):
+    client = make_client()
+    with pytest.raises(TypeError, match="lease_duration must be a number of seconds"):
+        SyncDistributedLock(client, table="locks", key="k", lease_duration=value)
+    with pytest.raises(TypeError, match="wait_timeout must be a number of seconds"):
+        SyncDistributedLock(client, table="locks", key="k", wait_timeout=value)
+
+
+@pytest.mark.parametrize(("value", "expected"), [(0.1, 0.1), (86_400, 86_400.0), (30, 30.0), (1.2345, 1.234)])
+def test_duration_limits_are_inclusive_and_kept_in_milliseconds(make_client, value, expected):
+    guard = SyncDistributedLock(make_client(), table="locks", key="k", lease_duration=value)
+    assert guard.lease_duration == pytest.approx(expected, abs=0.001)
+
+
+@pytest.mark.parametrize("table", ["ab", "x" * 256, "has space", "semi;colon", "é-table", ""])
+def test_bad_table_names_raise_value_error(make_client, table):
+    with pytest.raises(ValueError, match="table must be 3-255 characters"):
+        SyncDistributedLock(make_client(), table=table, key="k")
+
+
+@pytest.mark.parametrize("table", [None, 3, b"locks"])
+def test_non_str_tables_raise_type_error(make_client, table):
+    with pytest.raises(TypeError, match="table must be a str"):
+        SyncDistributedLock(make_client(), table=table, key="k")
+
+
+@pytest.mark.parametrize("key", ["", "x" * 2049, "\udcff"])
+def test_bad_keys_raise_value_error(make_client, key):
+    with pytest.raises(ValueError, match="lock key"):
+        SyncDistributedLock(make_client(), table="locks", key=key)
+
+
+def test_non_client_is_rejected():
+    with pytest.raises(TypeError, match="client must be a fastlease client"):
+        SyncDistributedLock(object(), table="locks", key="k")  # type: ignore[arg-type]
+
+
+def test_defaults_are_30s_lease_and_35s_wait(make_client):
+    guard = SyncDistributedLock(make_client(), table="locks", key="k")
+    assert guard.lease_duration == 30.0
+    assert guard._lease.wait_ms == 35_000
+
+
+def test_uncontended_hold_costs_exactly_two_writes(make_client, store):
+    client = make_client()
+    with SyncDistributedLock(client, table="locks", key="import:daily") as lease:
+        lease.raise_if_lost()
+        assert lease.state == "held"
+        assert lease.is_valid()
+        row = store.rows("locks")["import:daily"]
+        assert (row.owner, row.lease_ms, row.protocol) == (lease.owner, 30_000, 1)
+    metrics = lease.metrics
+    assert (metrics.write_requests, metrics.read_requests, metrics.renewals) == (2, 0, 0)
+    assert (metrics.conditional_failures, metrics.request_failures, metrics.lost) == (0, 0, False)
+    assert (metrics.consumed_rcu, metrics.consumed_wcu) == (0.0, 0.0)
+    assert lease.state == "released"
+    assert store.rows("locks") == {}
+
+
+def test_owner_and_version_are_fresh_uuid4s(make_client, store):
+    import uuid
+
+    client = make_client()
+    owners = set()
+    for _ in range(50):
+        with SyncDistributedLock(client, table="locks", key="k") as lease:
+            row = store.rows("locks")["k"]
+            assert uuid.UUID(row.owner).version == 4 and uuid.UUID(row.version).version == 4
+            assert row.owner != row.version
+            owners.add(lease.owner)
+    assert len(owners) == 50
+
+
+def test_guards_are_single_use_and_not_reentrant(make_client):
+    client = make_client()
+    guard = SyncDistributedLock(client, table="locks", key="k")
+    with guard:
+        with pytest.raises(RuntimeError, match="single-use"):
+            guard.__enter__()
+    with pytest.raises(RuntimeError, match="single-use"):
+        with guard:
+            pass
+
+
+def test_raise_if_lost_outside_a_hold_is_a_runtime_error(make_client):
+    guard = SyncDistributedLock(make_client(), table="locks", key="k")
+    with pytest.raises(RuntimeError, match="is new, not held"):
+        guard.raise_if_lost()
+    with guard:
+        pass
+    with pytest.raises(RuntimeError, match="is released, not held"):
+        guard.raise_if_lost()
+
+
+def test_wait_timeout_zero_makes_one_attempt_and_never_sleeps(make_client, clock, faults):
+    holder = make_client(clock=clock)
+    contender = make_client(clock=clock)
+    with SyncDistributedLock(holder, table="locks", key="k"):
+        before = clock.monotonic_ns()
+        guard = SyncDistributedLock(contender, table="locks", key="k", wait_timeout=0)
+        with pytest.raises(LockNotAcquired, match="not acquired within 0s") as info:
+            guard.__enter__()
+        assert clock.monotonic_ns() == before  # no sleep happened: a fake clock only moves on waits
+    assert info.value.key == "k"
+    assert isinstance(info.value, TimeoutError) and isinstance(info.value, FastleaseError)
+    assert guard.state == "failed"
+    metrics = guard.metrics
+    assert (metrics.write_requests, metrics.read_requests, metrics.wait_timeouts) == (1, 1, 1)
+    assert faults.calls["put_if_absent"] == 2
+
+
+def test_contention_waits_until_the_budget_then_fails(make_client, clock):
+    holder = make_client(clock=clock)
+    contender = make_client(clock=clock)
+    with SyncDistributedLock(holder, table="locks", key="k", lease_duration=60):
+        start = clock.monotonic_ns()
+        with pytest.raises(LockNotAcquired):
+            with SyncDistributedLock(contender, table="locks", key="k", wait_timeout=2.5):
+                pass
+        assert clock.monotonic_ns() - start == 2_500_000_000
+
+
+def test_body_exceptions_propagate_unchanged_and_release_happens(make_client, store):
+    client = make_client()
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom) as info:
+        with SyncDistributedLock(client, table="locks", key="k"):
+            raise Boom("body")
+    assert str(info.value) == "body"
+    assert store.rows("locks") == {}
+
+
+def test_release_failure_raises_lock_release_error(make_client, clock, faults, store):
+    client = make_client(clock=clock)
+    faults.add("delete_if_owner", "unavailable", times=-1)
+    guard = SyncDistributedLock(client, table="locks", key="k", lease_duration=1)
+    with pytest.raises(LockReleaseError, match="unconfirmed after 0.6s") as info:
+        with guard:
+            pass
+    assert info.value.key == "k"
+    assert guard.metrics.cleanup_failures == 1
+    assert guard.metrics.request_failures >= 3
+    assert "k" in store.rows("locks")  # left for recovery by observation
+
+
+def test_release_failure_while_body_raises_is_attached_as_a_note(make_client, clock, faults):
+    client = make_client(clock=clock)
+    faults.add("delete_if_owner", "unavailable", times=-1)
+    with pytest.raises(KeyError) as info:
+        with SyncDistributedLock(client, table="locks", key="k", lease_duration=1):
+            raise KeyError("body")
+    notes = getattr(info.value, "__notes__", [])
+    assert any("LockReleaseError" in note for note in notes)
+
+
+def test_row_taken_from_under_the_holder_raises_lock_lost_on_exit(make_client, store):
+    client = make_client()
+    with pytest.raises(LockLost) as info:
+        with SyncDistributedLock(client, table="locks", key="k") as lease:
+            store.remove("locks", "k")  # an operator's forced release
+    assert info.value.cause == "stolen"
+    assert lease.state == "lost" and lease.lost_cause == "stolen"
+    assert lease.metrics.lost is True

@@ -1,0 +1,153 @@
+"""Renewal (§3): every lease/3 from one thread per client; validity on both clocks; loss detection."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from fastlease import LockLost, MemoryClient, SyncDistributedLock
+from fastlease.stores.memory import MemoryStore
+from fastlease.testing import FaultInjector
+
+
+def real_client(core, store):
+    """A client on the system clock: its renewal thread really runs."""
+    return MemoryClient(store=store, _core=core)
+
+
+def test_renewal_keeps_a_lease_alive_through_ten_leases(make_client, clock, store):
+    holder = make_client(clock=clock)
+    contender = make_client(clock=clock)
+    with SyncDistributedLock(holder, table="locks", key="k", lease_duration=3) as lease:
+        for _ in range(100):  # 30 s of body in 0.3 s steps: 10 leases
+            clock.advance(0.3)
+            lease.raise_if_lost()
+            with pytest.raises(Exception):
+                with SyncDistributedLock(contender, table="locks", key="k", wait_timeout=0):
+                    pass
+    assert lease.metrics.renewals == 30  # every lease/3
+    assert lease.metrics.write_requests == 32
+    assert lease.state == "released"
+
+
+def test_renewal_on_the_real_thread_through_ten_leases(core):
+    store = MemoryStore()
+    holder = real_client(core, store)
+    contender = real_client(core, store)
+    body_done = threading.Event()
+    try:
+        with SyncDistributedLock(holder, table="locks", key="k", lease_duration=0.2) as lease:
+            deadline = time.monotonic() + 2.0  # the body runs 10 leases
+            while time.monotonic() < deadline:
+                lease.raise_if_lost()
+                with pytest.raises(Exception):
+                    with SyncDistributedLock(contender, table="locks", key="k", wait_timeout=0):
+                        pass
+                body_done.wait(0.02)  # the body's own pacing, not synchronisation
+        assert lease.metrics.renewals >= 10  # ~30 expected; loaded CI machines may lag, never stop
+        assert lease.metrics.lost is False
+    finally:
+        holder.close()
+        contender.close()
+
+
+def test_one_renewal_thread_per_client_whatever_the_lease_count(core):
+    store = MemoryStore()
+    client = real_client(core, store)
+    before = {t for t in threading.enumerate() if t.name == "fastlease-renewal"}
+    guards = [SyncDistributedLock(client, table="locks", key=f"k{i}") for i in range(50)]
+    try:
+        for guard in guards:
+            guard.__enter__()
+        after = {t for t in threading.enumerate() if t.name == "fastlease-renewal"}
+        assert len(after - before) == 1
+        assert len(client._scheduler) == 50
+    finally:
+        for guard in guards:
+            guard.__exit__(None, None, None)
+        client.close()
+    assert len(client._scheduler) == 0
+
+
+def test_short_holds_do_not_grow_the_renewal_heap(make_client):
+    client = make_client()
+    for _ in range(5000):
+        with SyncDistributedLock(client, table="locks", key="k"):
+            pass
+    assert client._scheduler.heap_size() <= 130  # compacted whenever stale entries pass 64 and half
+
+
+def test_unreachable_store_loses_the_lease_at_90_percent(make_client, clock, faults):
+    client = make_client(clock=clock)
+    faults.add("update_version_if", "unavailable", times=-1)
+    with pytest.raises(LockLost) as info:
+        with SyncDistributedLock(client, table="locks", key="k", lease_duration=12) as lease:
+            clock.advance(10.79)
+            lease.raise_if_lost()  # still inside 90% of 12 s
+            clock.advance(0.02)
+            lease.raise_if_lost()
+    assert info.value.cause == "unreachable"
+    assert lease.lost_cause == "unreachable"
+    metrics = lease.metrics
+    assert metrics.lost and metrics.renewals == 0
+    # First try at 4 s, then every min(lease/12, 1 s) = 1 s until validity ends at 10.8 s.
+    assert metrics.request_failures == faults.calls["update_version_if"] == 7
+
+
+def test_renewal_blocked_by_a_hung_request_is_detected_as_loss(core):
+    store = MemoryStore()
+    injector = FaultInjector()
+    store.faults = injector
+    injector.add("update_version_if", "block")
+    client = real_client(core, store)
+    try:
+        with pytest.raises(LockLost) as info:
+            with SyncDistributedLock(client, table="locks", key="k", lease_duration=0.3) as lease:
+                assert injector.blocked.wait(5), "the renewal request never started"
+                lost_at = None
+                for _ in range(500):  # bounded: 0.9 * 0.3 s is reached after a few dozen rounds
+                    if not lease.is_valid():
+                        lost_at = time.monotonic()
+                        break
+                    time.sleep(0.01)  # polling a local check, bounded by the loop
+                assert lost_at is not None
+                lease.raise_if_lost()
+        assert info.value.cause in ("expired", "unreachable")
+    finally:
+        injector.unblock()
+        client.close()
+
+
+def test_renewal_conditional_failure_means_stolen(make_client, clock, store):
+    client = make_client(clock=clock)
+    with pytest.raises(LockLost) as info:
+        with SyncDistributedLock(client, table="locks", key="k", lease_duration=3) as lease:
+            store.plant("locks", "k", store.rows("locks")["k"]._replace(owner="thief"))
+            clock.advance(1.0)  # the renewal at lease/3 finds another owner
+            assert lease.state == "lost"
+            lease.raise_if_lost()
+    assert info.value.cause == "stolen"
+
+
+@pytest.mark.parametrize("jump", [-0.001, -30.0, 27.0])
+def test_wall_clock_jumps_invalidate_and_never_extend(make_client, clock, jump):
+    client = make_client(clock=clock)
+    with SyncDistributedLock(client, table="locks", key="k", lease_duration=30) as lease:
+        clock.jump_wall(jump)
+        assert not lease.is_valid()
+        with pytest.raises(LockLost) as info:
+            lease.raise_if_lost()
+    assert info.value.cause == "expired"
+
+
+def test_a_small_forward_wall_jump_keeps_validity_until_the_earlier_clock(make_client, clock):
+    client = make_client(clock=clock)
+    with SyncDistributedLock(client, table="locks", key="k", lease_duration=30) as lease:
+        clock.jump_wall(20)
+        assert lease.is_valid()
+        clock.advance(6.9)  # monotonic 6.9 s, wall 26.9 s: still inside 27 s on both
+        assert lease.is_valid()
+        clock.advance(0.2)  # wall passes 27 s first; the first renewal is only due at 10 s
+        assert not lease.is_valid()
