@@ -196,3 +196,39 @@ def test_row_taken_from_under_the_holder_raises_lock_lost_on_exit(make_client, s
     assert info.value.cause == "stolen"
     assert lease.state == "lost" and lease.lost_cause == "stolen"
     assert lease.metrics.lost is True
+
+
+def test_check_in_on_a_store_without_transactions_is_a_type_error(make_client):
+    with SyncDistributedLock(make_client(), table="locks", key="k") as lease:
+        with pytest.raises(TypeError, match="MemoryClient has no transactions"):
+            lease.check_in(object())
+
+
+def test_inherited_client_and_guard_are_rejected_after_fork(make_client):
+    import os
+
+    client = make_client()
+    guard = SyncDistributedLock(client, table="locks", key="k")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report what using the inherited objects does, then exit at once
+        outcomes = []
+        for use in (lambda: guard.__enter__(), lambda: SyncDistributedLock(client, table="locks", key="k")):
+            try:
+                use()
+                outcomes.append("no error")
+            except RuntimeError as error:
+                outcomes.append("create the client in the worker" if "Create the client in the worker" in str(error) else str(error))
+            except BaseException as error:  # noqa: BLE001
+                outcomes.append(repr(error))
+        os.write(write_end, "|".join(outcomes).encode())
+        os._exit(0)
+    os.close(write_end)
+    try:
+        report = os.read(read_end, 4096).decode()
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    assert report == "create the client in the worker|create the client in the worker"
+    with guard:  # the parent is unaffected
+        pass

@@ -118,6 +118,33 @@ class SystemClock:
 SYSTEM_CLOCK = SystemClock()
 
 
+# ---- fork detection: clients and guards record the PID they were made in -----------------------
+cdef long _process_id = os.getpid()
+
+
+def _note_fork():
+    global _process_id
+    _process_id = os.getpid()
+
+
+os.register_at_fork(after_in_child=_note_fork)
+
+
+def current_pid():
+    """This process's id, kept current across fork without a system call per use."""
+    return _process_id
+
+
+cpdef check_not_forked(long pid):
+    """Raise RuntimeError if an object made in process ``pid`` is used in a forked child."""
+    if pid != _process_id:
+        raise RuntimeError(
+            "fastlease client or guard used in a forked child process: its renewal thread and "
+            "observations belong to the parent. Create the client in the worker process "
+            "(after fork, or use the multiprocessing 'spawn' start method)."
+        )
+
+
 # ---- tokens ------------------------------------------------------------------------------------
 cdef unsigned char _pool[4096]
 cdef Py_ssize_t _pool_left = 0
@@ -394,6 +421,7 @@ cdef class Lease:
     cdef readonly str key
     cdef readonly int64_t lease_ms
     cdef readonly int64_t wait_ms
+    cdef long _pid  # the process this guard was made in
     cdef object _client
     cdef object _store
     cdef object _clock
@@ -434,8 +462,10 @@ cdef class Lease:
             raise ValueError(f"lease_ms must be an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {lease_ms!r}")
         if type(wait_ms) is not int or not 0 <= wait_ms <= MAX_DURATION_MS:
             raise ValueError(f"wait_ms must be an int in 0-{MAX_DURATION_MS}, got {wait_ms!r}")
+        check_not_forked(client._pid)
         self.table = check_table(table)
         self.key = check_key(key)
+        self._pid = client._pid
         self.lease_ms = lease_ms
         self.wait_ms = wait_ms
         self._client = client
@@ -491,6 +521,11 @@ cdef class Lease:
 
     # ---- public state ----------------------------------------------------------------------------
     @property
+    def client(self):
+        """The client this lease belongs to."""
+        return self._client
+
+    @property
     def state_name(self):
         return STATE_NAMES[self.state]
 
@@ -543,6 +578,7 @@ cdef class Lease:
         """NEW -> HELD, or raise LockNotAcquired / MalformedLockRow / StoreError (state FAILED)."""
         cdef int64_t start_ns, deadline_ns, delay_ns, remaining_ns
         cdef int64_t backoff_ns = ERROR_BACKOFF_MS * NS_PER_MS
+        check_not_forked(self._pid)
         with self._mutex:
             if self.state != NEW_:
                 raise RuntimeError("lease guards are single-use: create a new guard for each acquisition")
@@ -800,6 +836,7 @@ cdef class Lease:
         LockReleaseError if the delete stayed unconfirmed."""
         cdef int state
         cdef bint deleted
+        check_not_forked(self._pid)
         with self._mutex:
             state = self.state
             if state == HELD_:

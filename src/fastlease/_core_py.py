@@ -92,6 +92,35 @@ SYSTEM_CLOCK = SystemClock()
 
 
 # ---------------------------------------------------------------------------------------------
+# Fork detection: clients and guards record the PID they were made in
+# ---------------------------------------------------------------------------------------------
+_process_id = os.getpid()
+
+
+def _note_fork() -> None:
+    global _process_id
+    _process_id = os.getpid()
+
+
+os.register_at_fork(after_in_child=_note_fork)
+
+
+def current_pid() -> int:
+    """This process's id, kept current across fork without a system call per use."""
+    return _process_id
+
+
+def check_not_forked(pid: int) -> None:
+    """Raise RuntimeError if an object made in process ``pid`` is used in a forked child."""
+    if pid != _process_id:
+        raise RuntimeError(
+            "fastlease client or guard used in a forked child process: its renewal thread and "
+            "observations belong to the parent. Create the client in the worker process "
+            "(after fork, or use the multiprocessing 'spawn' start method)."
+        )
+
+
+# ---------------------------------------------------------------------------------------------
 # Tokens: owner and version identities
 # ---------------------------------------------------------------------------------------------
 def new_token() -> str:
@@ -316,8 +345,10 @@ class Lease:
             raise ValueError(f"lease_ms must be an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {lease_ms!r}")
         if type(wait_ms) is not int or not 0 <= wait_ms <= MAX_DURATION_MS:
             raise ValueError(f"wait_ms must be an int in 0-{MAX_DURATION_MS}, got {wait_ms!r}")
+        check_not_forked(client._pid)
         self.table = check_table(table)
         self.key = check_key(key)
+        self._pid = client._pid
         self.lease_ms = lease_ms
         self.wait_ms = wait_ms
         self._client = client
@@ -397,6 +428,11 @@ class Lease:
 
     # ---- public state ----------------------------------------------------------------------
     @property
+    def client(self) -> Any:
+        """The client this lease belongs to."""
+        return self._client
+
+    @property
     def state_name(self) -> str:
         return STATE_NAMES[self.state]
 
@@ -449,6 +485,7 @@ class Lease:
         the time until a takeover could be allowed, or until this client releases the key; transient
         store errors back off exponentially. Never beyond the wait budget.
         """
+        check_not_forked(self._pid)
         with self._mutex:
             if self.state != NEW:
                 raise RuntimeError("lease guards are single-use: create a new guard for each acquisition")

@@ -20,6 +20,7 @@ class LeaseClient:
     def __init__(self, store: Any, *, clock: Optional[Any] = None, _core: Optional[ModuleType] = None) -> None:
         core = _core if _core is not None else _impl.core
         self._core = core
+        self._pid = core.current_pid()  # using this client in a forked child raises RuntimeError
         self._store = store
         self._clock = clock if clock is not None else core.SYSTEM_CLOCK
         self._observations = core.ObservationCache(core.OBSERVATION_CACHE_SIZE)
@@ -31,6 +32,13 @@ class LeaseClient:
     def implementation(self) -> str:
         """``"c"`` when this client runs the compiled engine, ``"py"`` for the pure-Python twin."""
         return str(self._core.IMPLEMENTATION)
+
+    def _check_in(self, lease: Any, transaction: Any) -> None:
+        """Add the ownership check of ``lease`` to ``transaction``; stores with transactions override it."""
+        raise TypeError(
+            f"{type(self).__name__} has no transactions to check in to; "
+            "use lease.raise_if_lost() for a local check"
+        )
 
     def close(self) -> None:
         """Stop the renewal thread. Leases still held lapse locally; their rows are recovered by others."""

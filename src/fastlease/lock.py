@@ -173,6 +173,12 @@ class SyncDistributedLock:
         """Raise :class:`~fastlease.exceptions.LockLost` unless ownership is still valid (no request)."""
         self._lease.raise_if_lost()
 
+    def check_in(self, transaction: Any) -> None:
+        """Add this lease's ownership check to ``transaction`` (a store transaction of the same client),
+        so the transaction commits only while the lease is held. Raises LockLost if not valid now."""
+        self._lease.raise_if_lost()
+        self._lease.client._check_in(self._lease, transaction)
+
     @property
     def metrics(self) -> LeaseMetrics:
         """A snapshot of this lease's requests, renewals, waits and failures."""
