@@ -56,3 +56,32 @@ def faults(store: MemoryStore, clock: FakeClock) -> FaultInjector:
     yield injector
     injector.unblock()
     store.faults = None
+
+
+@pytest.fixture
+def in_forked_child() -> Callable[[Callable[[], str]], str]:
+    """Run ``fn`` in a forked child and return the str it reports; the child exits at once after."""
+    import os
+
+    def run(fn: Callable[[], str]) -> str:
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: no test machinery runs here
+            try:
+                report = fn()
+            except BaseException as error:  # noqa: BLE001 - reported to the parent
+                report = f"child raised {error!r}"
+            os.write(write_end, report.encode())
+            os._exit(0)
+        os.close(write_end)
+        try:
+            chunks = []
+            while chunk := os.read(read_end, 65536):
+                chunks.append(chunk)
+        finally:
+            os.close(read_end)
+            _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        return b"".join(chunks).decode()
+
+    return run

@@ -52,19 +52,8 @@ def test_tokens_are_uuid4_strings(core):
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == token
 
 
-def test_forked_child_draws_different_tokens(core):
-    read_end, write_end = os.pipe()
+def test_forked_child_draws_different_tokens(core, in_forked_child):
     core.new_token()  # fill the pool in the parent
-    pid = os.fork()
-    if pid == 0:  # child: report one token and exit without running any test machinery
-        os.write(write_end, core.new_token().encode())
-        os._exit(0)
-    os.close(write_end)
-    try:
-        child_token = os.read(read_end, 64).decode()
-    finally:
-        os.close(read_end)
-        _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    child_token = in_forked_child(core.new_token)
     parent_next = core.new_token()
     assert len(child_token) == 36 and child_token != parent_next

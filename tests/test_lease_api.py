@@ -204,31 +204,29 @@ def test_check_in_on_a_store_without_transactions_is_a_type_error(make_client):
             lease.check_in(object())
 
 
-def test_inherited_client_and_guard_are_rejected_after_fork(make_client):
-    import os
-
+def test_inherited_client_and_guard_are_rejected_after_fork(make_client, in_forked_child):
     client = make_client()
     guard = SyncDistributedLock(client, table="locks", key="k")
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: report what using the inherited objects does, then exit at once
+
+    def use_inherited() -> str:
         outcomes = []
-        for use in (lambda: guard.__enter__(), lambda: SyncDistributedLock(client, table="locks", key="k")):
+        for use in (guard.__enter__, lambda: SyncDistributedLock(client, table="locks", key="k")):
             try:
                 use()
                 outcomes.append("no error")
             except RuntimeError as error:
-                outcomes.append("create the client in the worker" if "Create the client in the worker" in str(error) else str(error))
-            except BaseException as error:  # noqa: BLE001
-                outcomes.append(repr(error))
-        os.write(write_end, "|".join(outcomes).encode())
-        os._exit(0)
-    os.close(write_end)
-    try:
-        report = os.read(read_end, 4096).decode()
-    finally:
-        os.close(read_end)
-        os.waitpid(pid, 0)
-    assert report == "create the client in the worker|create the client in the worker"
+                outcomes.append("ok" if "Create the client in the worker" in str(error) else str(error))
+        return "|".join(outcomes)
+
+    assert in_forked_child(use_inherited) == "ok|ok"
     with guard:  # the parent is unaffected
         pass
+
+
+def test_a_closed_client_refuses_new_acquisitions_before_any_request(make_client, faults):
+    client = make_client()
+    client.close()
+    with pytest.raises(RuntimeError, match="client is closed"):
+        with SyncDistributedLock(client, table="locks", key="k"):
+            pass
+    assert sum(faults.calls.values()) == 0

@@ -579,6 +579,7 @@ cdef class Lease:
         cdef int64_t start_ns, deadline_ns, delay_ns, remaining_ns
         cdef int64_t backoff_ns = ERROR_BACKOFF_MS * NS_PER_MS
         check_not_forked(self._pid)
+        self._scheduler.check_open()
         with self._mutex:
             if self.state != NEW_:
                 raise RuntimeError("lease guards are single-use: create a new guard for each acquisition")
@@ -680,33 +681,24 @@ cdef class Lease:
             raise
 
     cdef bint _put(self, int64_t deadline_ns) except -1:
-        cdef str owner = _new_token(), version = _new_token()
-        cdef int64_t mono_ns = self._mono(), wall_ns = self._wall()
-        self._writes += 1
-        try:
-            applied = self._store.put_if_absent(
-                self.table, self.key, owner, version, self.lease_ms, self._timeout_s(deadline_ns, mono_ns), self
-            )
-        except StoreError as error:
-            self._request_failures += 1
-            if not error.maybe_committed:
-                raise
-            self._pending = (owner, version, mono_ns, wall_ns)
-            return self._reconcile_or_keep_pending(deadline_ns)
-        if applied:
-            return self._confirm(owner, version, mono_ns, wall_ns)
-        self._conditional_failures += 1
-        return False
+        return self._acquisition_write(deadline_ns, None, None)
 
     cdef bint _take_over(self, str seen_owner, str seen_version, int64_t deadline_ns) except -1:
+        return self._acquisition_write(deadline_ns, seen_owner, seen_version)
+
+    cdef bint _acquisition_write(self, int64_t deadline_ns, seen_owner, seen_version) except -1:
+        """Write a fresh row: a put if absent, or (with a seen row) a takeover conditioned on it."""
         cdef str owner = _new_token(), version = _new_token()
-        cdef int64_t mono_ns = self._mono(), wall_ns = self._wall()
+        cdef int64_t mono_ns = self._mono(), wall_ns = self._wall()  # the stamp validity counts from
+        cdef double timeout_s = self._timeout_s(deadline_ns, mono_ns)
         self._writes += 1
         try:
-            applied = self._store.replace_if(
-                self.table, self.key, seen_owner, seen_version, owner, version, self.lease_ms,
-                self._timeout_s(deadline_ns, mono_ns), self,
-            )
+            if seen_owner is None:
+                applied = self._store.put_if_absent(self.table, self.key, owner, version, self.lease_ms, timeout_s, self)
+            else:
+                applied = self._store.replace_if(
+                    self.table, self.key, seen_owner, seen_version, owner, version, self.lease_ms, timeout_s, self
+                )
         except StoreError as error:
             self._request_failures += 1
             if not error.maybe_committed:
@@ -960,17 +952,20 @@ cdef class RenewalScheduler:
             self._wake_pending = True
             PyThread_release_lock(self._wake)
 
+    cpdef check_open(self):
+        """Raise RuntimeError once the client is closed: nothing could renew a new lease."""
+        if self._closed:
+            raise RuntimeError("the client is closed: create a new client")
+
     cpdef schedule(self, Lease lease, int64_t due_ns):
         """Renew ``lease`` at ``due_ns`` (monotonic); starts the thread on first use."""
-        cdef bint start
+        cdef bint start = False, closed
         with self._mutex:
-            if self._closed:
-                closed = True
-            else:
-                closed = False
+            closed = self._closed
+            if not closed:
                 start = self._push_locked(lease, due_ns)
         if closed:
-            raise RuntimeError("the client is closed: create a new client")
+            self.check_open()
         if start:
             self._start_thread()
 

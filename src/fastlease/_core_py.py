@@ -486,6 +486,7 @@ class Lease:
         store errors back off exponentially. Never beyond the wait budget.
         """
         check_not_forked(self._pid)
+        self._client._scheduler.check_open()
         with self._mutex:
             if self.state != NEW:
                 raise RuntimeError("lease guards are single-use: create a new guard for each acquisition")
@@ -587,35 +588,25 @@ class Lease:
             raise
 
     def _put(self, deadline_ns: int) -> bool:
-        clock = self._clock
-        owner, version = new_token(), new_token()
-        mono_ns, wall_ns = clock.monotonic_ns(), clock.time_ns()
-        self._writes += 1
-        try:
-            applied = self._store.put_if_absent(
-                self.table, self.key, owner, version, self.lease_ms, self._timeout_s(deadline_ns, mono_ns), self
-            )
-        except StoreError as error:
-            self._request_failures += 1
-            if not error.maybe_committed:
-                raise
-            self._pending = (owner, version, mono_ns, wall_ns)
-            return self._reconcile_or_keep_pending(deadline_ns)
-        if applied:
-            return self._confirm(owner, version, mono_ns, wall_ns)
-        self._conditional_failures += 1
-        return False
+        return self._acquisition_write(deadline_ns, None, None)
 
     def _take_over(self, seen_owner: str, seen_version: str, deadline_ns: int) -> bool:
+        return self._acquisition_write(deadline_ns, seen_owner, seen_version)
+
+    def _acquisition_write(self, deadline_ns: int, seen_owner: Optional[str], seen_version: Optional[str]) -> bool:
+        """Write a fresh row: a put if absent, or (with a seen row) a takeover conditioned on it."""
         clock = self._clock
         owner, version = new_token(), new_token()
-        mono_ns, wall_ns = clock.monotonic_ns(), clock.time_ns()
+        mono_ns, wall_ns = clock.monotonic_ns(), clock.time_ns()  # the stamp validity counts from
+        timeout_s = self._timeout_s(deadline_ns, mono_ns)
         self._writes += 1
         try:
-            applied = self._store.replace_if(
-                self.table, self.key, seen_owner, seen_version, owner, version, self.lease_ms,
-                self._timeout_s(deadline_ns, mono_ns), self,
-            )
+            if seen_owner is None:
+                applied = self._store.put_if_absent(self.table, self.key, owner, version, self.lease_ms, timeout_s, self)
+            else:
+                applied = self._store.replace_if(
+                    self.table, self.key, seen_owner, seen_version, owner, version, self.lease_ms, timeout_s, self
+                )
         except StoreError as error:
             self._request_failures += 1
             if not error.maybe_committed:
@@ -853,11 +844,15 @@ class RenewalScheduler:
         with self._cond:
             return len(self._heap)
 
+    def check_open(self) -> None:
+        """Raise RuntimeError once the client is closed: nothing could renew a new lease."""
+        if self._closed:
+            raise RuntimeError("the client is closed: create a new client")
+
     def schedule(self, lease: Lease, due_ns: int) -> None:
         """Renew ``lease`` at ``due_ns`` (monotonic); starts the thread on first use."""
         with self._cond:
-            if self._closed:
-                raise RuntimeError("the client is closed: create a new client")
+            self.check_open()
             self._push_locked(lease, due_ns)
 
     def _push_locked(self, lease: Lease, due_ns: int) -> None:

@@ -1,0 +1,118 @@
+"""The store contract (``fastlease.stores.base.LockStore``): the one suite every store passes.
+
+Each store adapter is a set of single atomic operations; these tests pin down exactly what each one
+does, so the engine can rely on them. Later stores join by adding a factory to ``STORES``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import pytest
+
+from fastlease.stores.base import LockRow
+from fastlease.stores.memory import MemoryStore
+
+
+class _NoUsage:
+    def add_capacity(self, rcu: float, wcu: float) -> None:
+        pass
+
+
+USAGE = _NoUsage()
+T = 5.0  # request timeout passed to every operation
+STORES: dict[str, Callable[[], Any]] = {"memory": MemoryStore}
+
+
+@pytest.fixture(params=sorted(STORES))
+def store(request: pytest.FixtureRequest) -> Any:
+    return STORES[request.param]()
+
+
+def put(store: Any, key: str = "k", owner: str = "o1", version: str = "v1", lease_ms: int = 30_000, table: str = "locks") -> bool:
+    return bool(store.put_if_absent(table, key, owner, version, lease_ms, T, USAGE))
+
+
+def read(store: Any, key: str = "k", table: str = "locks") -> Any:
+    return store.read(table, key, T, USAGE)
+
+
+def test_read_of_an_absent_key_is_none(store):
+    assert read(store) is None
+
+
+def test_put_if_absent_creates_a_protocol_1_row_with_exact_types(store):
+    assert put(store) is True
+    row = read(store)
+    assert row == LockRow("o1", "v1", 30_000, 1)
+    assert [type(value) for value in row] == [str, str, int, int]
+
+
+def test_put_if_absent_never_overwrites(store):
+    assert put(store) is True
+    assert put(store, owner="o2", version="v2", lease_ms=100) is False
+    assert read(store) == LockRow("o1", "v1", 30_000, 1)
+
+
+def test_replace_if_needs_the_exact_owner_and_version(store):
+    assert store.replace_if("locks", "k", "o1", "v1", "o2", "v2", 1000, T, USAGE) is False  # absent
+    put(store)
+    assert store.replace_if("locks", "k", "o1", "vX", "o2", "v2", 1000, T, USAGE) is False
+    assert store.replace_if("locks", "k", "oX", "v1", "o2", "v2", 1000, T, USAGE) is False
+    assert read(store) == LockRow("o1", "v1", 30_000, 1)
+    assert store.replace_if("locks", "k", "o1", "v1", "o2", "v2", 1000, T, USAGE) is True
+    assert read(store) == LockRow("o2", "v2", 1000, 1)  # the whole row, with the new lease
+
+
+def test_update_version_if_changes_only_the_version(store):
+    assert store.update_version_if("locks", "k", "o1", "v1", "v2", T, USAGE) is False  # absent
+    put(store, lease_ms=12_345)
+    assert store.update_version_if("locks", "k", "o1", "vX", "v2", T, USAGE) is False
+    assert store.update_version_if("locks", "k", "oX", "v1", "v2", T, USAGE) is False
+    assert store.update_version_if("locks", "k", "o1", "v1", "v2", T, USAGE) is True
+    assert read(store) == LockRow("o1", "v2", 12_345, 1)
+    assert store.update_version_if("locks", "k", "o1", "v1", "v3", T, USAGE) is False  # old version
+
+
+def test_delete_if_owner_matches_owner_only(store):
+    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) is False  # absent
+    put(store)
+    store.update_version_if("locks", "k", "o1", "v1", "v2", T, USAGE)
+    assert store.delete_if_owner("locks", "k", "oX", T, USAGE) is False
+    assert read(store) is not None
+    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) is True  # whatever the version
+    assert read(store) is None
+    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) is False
+
+
+@pytest.mark.parametrize("key", ["a", "a ", "A", "é", "{k}", "k'\"\n;--", "x" * 2048, "日本:🙂"])
+def test_keys_and_tables_are_isolated_and_exact(store, key):
+    assert put(store, key=key, owner="mine") is True
+    assert put(store, key=key, table="other", owner="theirs") is True
+    assert read(store, key=key).owner == "mine"
+    assert read(store, key=key, table="other").owner == "theirs"
+    neighbours = {"a", "a ", "A"} - {key}
+    assert all(read(store, key=other) is None for other in neighbours)
+
+
+def test_concurrent_puts_have_exactly_one_winner(store):
+    rounds, threads = 200, 8
+    wins = [[0] * threads for _ in range(rounds)]
+    barrier = threading.Barrier(threads)
+
+    def contend(index: int) -> None:
+        for r in range(rounds):
+            barrier.wait(10)
+            wins[r][index] = put(store, key=f"race-{r}", owner=f"o{index}")
+
+    workers = [threading.Thread(target=contend, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert not any(worker.is_alive() for worker in workers)
+    assert [sum(row) for row in wins] == [1] * rounds
+    for r in range(rounds):
+        winner = wins[r].index(True)
+        assert read(store, key=f"race-{r}").owner == f"o{winner}"
