@@ -49,6 +49,7 @@ def test_threads_on_shared_and_separate_clients_never_overlap(core):
         assert overlaps == []
         assert held_counts == [ROUNDS] * THREADS
         assert store.rows("locks") == {}
+        assert [len(client._release_signals) for client in clients] == [0] * len(clients)
     finally:
         for client in clients:
             client.close()

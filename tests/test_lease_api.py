@@ -230,3 +230,34 @@ def test_a_closed_client_refuses_new_acquisitions_before_any_request(make_client
         with SyncDistributedLock(client, table="locks", key="k"):
             pass
     assert sum(faults.calls.values()) == 0
+
+
+def test_an_acquisition_interrupted_after_its_write_leaves_no_row_and_no_renewal(core, store):
+    import threading
+
+    from fastlease import MemoryClient
+    from fastlease.testing import FaultInjector
+
+    injector = FaultInjector()
+    store.faults = injector
+    injector.add("put_if_absent", "block")
+    client = MemoryClient(store=store, _core=core)
+    guard = SyncDistributedLock(client, table="locks", key="k")
+    outcome: list[BaseException] = []
+
+    def acquire() -> None:
+        try:
+            guard.__enter__()
+        except BaseException as error:  # noqa: BLE001 - inspected below
+            outcome.append(error)
+
+    thread = threading.Thread(target=acquire)
+    thread.start()
+    assert injector.blocked.wait(10)
+    client.close()  # closes between the sent put and its confirmation
+    injector.unblock()
+    thread.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError)
+    assert guard.state == "failed"
+    assert store.rows("locks") == {}
+    assert len(client._scheduler) == 0

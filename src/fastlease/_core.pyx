@@ -405,6 +405,47 @@ cdef class ObservationCache:
         return len(self._entries)
 
 
+# ---- same-process wake-up on release -----------------------------------------------------------
+@cython.final
+cdef class ReleaseSignals:
+    """Wakes this client's waiters on a key as soon as this client releases that key.
+    Entries are reference-counted by waiters and removed by the last one."""
+
+    cdef dict _entries  # cache_key -> [Event, number of waiters]
+    cdef cython.pymutex _mutex
+
+    def __init__(self):
+        self._entries = {}
+
+    cpdef wait(self, clock, tuple cache_key, double timeout_s):
+        cdef list entry
+        fresh = threading.Event()  # made outside the mutex: it runs Python code
+        with self._mutex:
+            entry = self._entries.get(cache_key)
+            if entry is None:
+                entry = [fresh, 0]
+                self._entries[cache_key] = entry
+            entry[1] += 1
+        try:
+            clock.wait(entry[0], timeout_s)
+        finally:
+            with self._mutex:
+                entry[1] -= 1
+                if entry[1] == 0 and self._entries.get(cache_key) is entry:
+                    del self._entries[cache_key]
+
+    cpdef notify(self, tuple cache_key):
+        cdef list entry
+        if self._entries:  # the uncontended release skips the mutex
+            with self._mutex:
+                entry = self._entries.pop(cache_key, None)
+            if entry is not None:
+                entry[0].set()
+
+    def __len__(self):
+        return len(self._entries)
+
+
 # ---- the lease state machine -------------------------------------------------------------------
 cdef object _NEVER_SET = threading.Event()  # waited on for back-off sleeps that honour an injected clock
 
@@ -429,6 +470,7 @@ cdef class Lease:
     cdef tuple _cache_key
     cdef ObservationCache _observations
     cdef RenewalScheduler _scheduler
+    cdef ReleaseSignals _signals
     cdef cython.pymutex _mutex
     # Written by the caller's thread, and by the renewal thread only to move HELD -> LOST.
     cdef readonly int state
@@ -475,6 +517,7 @@ cdef class Lease:
         self._cache_key = (self.table, self.key)
         self._observations = client._observations
         self._scheduler = client._scheduler
+        self._signals = client._release_signals
         self.state = NEW_
 
     # ---- small helpers ---------------------------------------------------------------------------
@@ -603,7 +646,7 @@ cdef class Lease:
                 if self.wait_ms == 0 or remaining_ns <= 0:
                     break
                 # A wait that would cross the deadline is cut to it, then one last attempt is made.
-                self._wait_for_release(min(delay_ns, remaining_ns))
+                self._signals.wait(self._clock, self._cache_key, min(delay_ns, remaining_ns) / 1e9)
         except BaseException:
             self._fail_acquisition(start_ns)
             raise
@@ -614,22 +657,22 @@ cdef class Lease:
             key=self.key,
         ) from last_error
 
-    cdef _wait_for_release(self, int64_t delay_ns):
-        """Sleep up to delay_ns, woken early when this client releases the same key."""
-        cdef dict signals = self._client._release_signals
-        event = signals.get(self._cache_key)
-        if event is None:
-            event = signals.setdefault(self._cache_key, threading.Event())
-        self._clock.wait(event, delay_ns / 1e9)
-
     cdef _fail_acquisition(self, int64_t start_ns):
+        """The acquisition is abandoned (budget spent, error, interrupt): leave nothing behind."""
+        cdef int state
         with self._mutex:
-            if self.state == ACQUIRING_:
+            state = self.state
+            if state == ACQUIRING_ or state == HELD_:
                 self.state = FAILED_
         self._wait_ns = self._mono() - start_ns
         pending = self._pending
         self._pending = None
-        if pending is not None:
+        if state == HELD_:
+            # Interrupted after the row was confirmed: the caller never got the guard, so stop
+            # renewing and delete the row.
+            self._scheduler.cancel(self)
+            self._delete_owned(self.owner, cleanup_budget_ns(self.lease_ms), False)
+        elif pending is not None:
             # A put that may have committed: remove it if it did, so nobody waits a lease for it.
             self._delete_owned(pending[0], cleanup_budget_ns(self.lease_ms), False)
 
@@ -843,11 +886,7 @@ cdef class Lease:
                 if self.state == RELEASING_:
                     self.state = RELEASED_
         if deleted:
-            signals = self._client._release_signals
-            if signals:
-                signal = signals.pop(self._cache_key, None)
-                if signal is not None:
-                    signal.set()
+            self._signals.notify(self._cache_key)
             return
         # The row was not ours any more: someone took over (or removed it). Fail closed.
         with self._mutex:

@@ -320,6 +320,48 @@ class ObservationCache:
 
 
 # ---------------------------------------------------------------------------------------------
+# Same-process wake-up on release
+# ---------------------------------------------------------------------------------------------
+class ReleaseSignals:
+    """Wakes this client's waiters on a key as soon as this client releases that key.
+
+    Entries are reference-counted by waiters and removed by the last one, so waiting on many
+    distinct keys over a process's life does not accumulate events. A missed wake-up only leaves a
+    waiter to its next poll; it can never admit one, since the waiter still has to win the write.
+    """
+
+    __slots__ = ("_entries", "_mutex")
+
+    def __init__(self) -> None:
+        self._entries: dict = {}  # cache_key -> [Event, number of waiters]
+        self._mutex = threading.Lock()
+
+    def wait(self, clock: Any, cache_key: tuple, timeout_s: float) -> None:
+        with self._mutex:
+            entry = self._entries.get(cache_key)
+            if entry is None:
+                entry = self._entries[cache_key] = [threading.Event(), 0]
+            entry[1] += 1
+        try:
+            clock.wait(entry[0], timeout_s)
+        finally:
+            with self._mutex:
+                entry[1] -= 1
+                if entry[1] == 0 and self._entries.get(cache_key) is entry:
+                    del self._entries[cache_key]
+
+    def notify(self, cache_key: tuple) -> None:
+        if self._entries:  # the uncontended release skips the mutex
+            with self._mutex:
+                entry = self._entries.pop(cache_key, None)
+            if entry is not None:
+                entry[0].set()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+# ---------------------------------------------------------------------------------------------
 # Lease states
 # ---------------------------------------------------------------------------------------------
 NEW = 0
@@ -512,7 +554,7 @@ class Lease:
                 if self.wait_ms == 0 or remaining_ns <= 0:
                     break
                 # A wait that would cross the deadline is cut to it, then one last attempt is made.
-                self._wait_for_release(clock, min(delay_ns, remaining_ns))
+                self._client._release_signals.wait(clock, self._cache_key, min(delay_ns, remaining_ns) / 1e9)
         except BaseException:
             self._fail_acquisition(start_ns)
             raise
@@ -523,21 +565,20 @@ class Lease:
             key=self.key,
         ) from last_error
 
-    def _wait_for_release(self, clock: Any, delay_ns: int) -> None:
-        """Sleep up to delay_ns, woken early when this client releases the same key."""
-        signals = self._client._release_signals
-        event = signals.get(self._cache_key)
-        if event is None:
-            event = signals.setdefault(self._cache_key, threading.Event())
-        clock.wait(event, delay_ns / 1e9)
-
     def _fail_acquisition(self, start_ns: int) -> None:
+        """The acquisition is abandoned (budget spent, error, interrupt): leave nothing behind."""
         with self._mutex:
-            if self.state == ACQUIRING:
+            state = self.state
+            if state in (ACQUIRING, HELD):
                 self.state = FAILED
         self._wait_ns = self._clock.monotonic_ns() - start_ns
         pending, self._pending = self._pending, None
-        if pending is not None:
+        if state == HELD:
+            # Interrupted after the row was confirmed (say, KeyboardInterrupt while scheduling its
+            # renewal): the caller never got the guard, so stop renewing and delete the row.
+            self._client._scheduler.cancel(self)
+            self._delete_owned(self.owner, cleanup_budget_ns(self.lease_ms))
+        elif pending is not None:
             # A put that may have committed: remove it if it did, so nobody waits a lease for it.
             self._delete_owned(pending[0], cleanup_budget_ns(self.lease_ms))
 
@@ -753,9 +794,7 @@ class Lease:
                 if self.state == RELEASING:
                     self.state = RELEASED
         if deleted:
-            signal = self._client._release_signals.pop(self._cache_key, None)
-            if signal is not None:
-                signal.set()
+            self._client._release_signals.notify(self._cache_key)
             return
         # The row was not ours any more: someone took over (or removed it). Fail closed.
         with self._mutex:

@@ -7,7 +7,6 @@ waiters at once. Create one client per process and store, inside the worker proc
 
 from __future__ import annotations
 
-import threading
 from types import ModuleType
 from typing import Any, Optional
 
@@ -25,8 +24,7 @@ class LeaseClient:
         self._clock = clock if clock is not None else core.SYSTEM_CLOCK
         self._observations = core.ObservationCache(core.OBSERVATION_CACHE_SIZE)
         self._scheduler = core.RenewalScheduler(self._clock)
-        # (table, key) -> Event set by this client's release of that key; waiters create entries.
-        self._release_signals: dict[tuple[str, str], threading.Event] = {}
+        self._release_signals = core.ReleaseSignals()
 
     @property
     def implementation(self) -> str:
