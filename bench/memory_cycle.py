@@ -83,7 +83,8 @@ def main() -> int:
     print(f"c / py: {medians['c'] / medians['py']:.2f}x")
     for name in medians:
         if name.startswith("pydynox"):
-            print(f"c / {name}: {medians['c'] / medians[name]:.2f}x   py / {name}: {medians['py'] / medians[name]:.2f}x")
+            print(f"c / {name}: {medians['c'] / medians[name]:.2f}x   "
+                  f"py / {name}: {medians['py'] / medians[name]:.2f}x")
     return 0
 
 

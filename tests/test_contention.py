@@ -26,7 +26,8 @@ def test_threads_on_shared_and_separate_clients_never_overlap(core):
         try:
             start.wait(10)
             for _ in range(ROUNDS):
-                with SyncDistributedLock(client, table="locks", key="shared", lease_duration=5, wait_timeout=60) as lease:
+                guard = SyncDistributedLock(client, table="locks", key="shared", lease_duration=5, wait_timeout=60)
+                with guard as lease:
                     with guard_lock:
                         inside[0] += 1
                         if inside[0] != 1:

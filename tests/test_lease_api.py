@@ -9,7 +9,6 @@ import pytest
 from fastlease import LockLost, LockNotAcquired, SyncDistributedLock
 from fastlease.exceptions import FastleaseError, LockReleaseError
 
-
 BAD_DURATIONS = [math.nan, math.inf, -math.inf, -1, 86_400.001, 10**9]
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from fastlease import LockLost, MemoryClient, SyncDistributedLock
+from fastlease import LockLost, LockNotAcquired, MemoryClient, SyncDistributedLock
 from fastlease.stores.memory import MemoryStore
 from fastlease.testing import FaultInjector
 
@@ -24,7 +24,7 @@ def test_renewal_keeps_a_lease_alive_through_ten_leases(make_client, clock, stor
         for _ in range(100):  # 30 s of body in 0.3 s steps: 10 leases
             clock.advance(0.3)
             lease.raise_if_lost()
-            with pytest.raises(Exception):
+            with pytest.raises(LockNotAcquired):
                 with SyncDistributedLock(contender, table="locks", key="k", wait_timeout=0):
                     pass
     assert lease.metrics.renewals == 30  # every lease/3
@@ -42,7 +42,7 @@ def test_renewal_on_the_real_thread_through_ten_leases(core):
             deadline = time.monotonic() + 2.0  # the body runs 10 leases
             while time.monotonic() < deadline:
                 lease.raise_if_lost()
-                with pytest.raises(Exception):
+                with pytest.raises(LockNotAcquired):
                     with SyncDistributedLock(contender, table="locks", key="k", wait_timeout=0):
                         pass
                 body_done.wait(0.02)  # the body's own pacing, not synchronisation

@@ -737,7 +737,9 @@ cdef class Lease:
         self._writes += 1
         try:
             if seen_owner is None:
-                applied = self._store.put_if_absent(self.table, self.key, owner, version, self.lease_ms, timeout_s, self)
+                applied = self._store.put_if_absent(
+                    self.table, self.key, owner, version, self.lease_ms, timeout_s, self
+                )
             else:
                 applied = self._store.replace_if(
                     self.table, self.key, seen_owner, seen_version, owner, version, self.lease_ms, timeout_s, self

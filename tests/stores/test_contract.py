@@ -30,7 +30,9 @@ def store(request: pytest.FixtureRequest) -> Any:
     return STORES[request.param]()
 
 
-def put(store: Any, key: str = "k", owner: str = "o1", version: str = "v1", lease_ms: int = 30_000, table: str = "locks") -> bool:
+def put(
+    store: Any, key: str = "k", owner: str = "o1", version: str = "v1", lease_ms: int = 30_000, table: str = "locks"
+) -> bool:
     return bool(store.put_if_absent(table, key, owner, version, lease_ms, T, USAGE))
 
 
