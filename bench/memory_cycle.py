@@ -13,39 +13,50 @@ import platform
 import statistics
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import fastlease._core as compiled
 import fastlease._core_py as twin
-from fastlease import MemoryClient, SyncDistributedLock
+from fastlease import MemoryClient, SyncDistributedLock, distributed_lock
 
 
-def fastlease_cycle(core) -> tuple[Callable[[int], None], Callable[[], None]]:
-    client = MemoryClient(_core=core)
+Runner = Callable[[int], None]
 
-    def run(cycles: int) -> None:
+
+def context_and_decorator(lock_class: Any, decorator: Any, client: Any) -> dict[str, Runner]:
+    """The same two workloads for every library: a ``with`` block, and a decorated function."""
+
+    def with_block(cycles: int) -> None:
         for _ in range(cycles):
-            with SyncDistributedLock(client, table="locks", key="bench"):
+            with lock_class(client, table="locks", key="bench"):
                 pass
 
-    return run, client.close
+    @decorator(client, table="locks", key="bench:{item}")
+    def decorated(item: str) -> None:
+        pass
+
+    def decorated_calls(cycles: int) -> None:
+        for _ in range(cycles):
+            decorated("x")
+
+    return {"with": with_block, "decorator": decorated_calls}
 
 
-def pydynox_cycle() -> tuple[Callable[[int], None], Callable[[], None]]:
+def fastlease_runners(core: Any) -> tuple[dict[str, Runner], Callable[[], None]]:
+    client = MemoryClient(_core=core)
+    return context_and_decorator(SyncDistributedLock, distributed_lock, client), client.close
+
+
+def pydynox_runners() -> tuple[dict[str, Runner], Callable[[], None]]:
     from pydynox.lock import SyncDistributedLock as PydynoxLock
+    from pydynox.lock import distributed_lock as pydynox_lock
     from pydynox.testing import MemoryBackend
 
     backend = MemoryBackend()
     backend.__enter__()
     client = backend.client
     client.sync_create_table("locks", partition_key=("key", "S"))
-
-    def run(cycles: int) -> None:
-        for _ in range(cycles):
-            with PydynoxLock(client, table="locks", key="bench"):
-                pass
-
-    return run, lambda: backend.__exit__(None, None, None)
+    return context_and_decorator(PydynoxLock, pydynox_lock, client), lambda: backend.__exit__(None, None, None)
 
 
 def main() -> int:
@@ -54,37 +65,38 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     args = parser.parse_args()
 
-    contenders = {"c": fastlease_cycle(compiled), "py": fastlease_cycle(twin)}
+    contenders = {"c": fastlease_runners(compiled), "py": fastlease_runners(twin)}
     try:
         import pydynox
 
-        contenders[f"pydynox {pydynox.__version__}"] = pydynox_cycle()
+        contenders[f"pydynox {pydynox.__version__}"] = pydynox_runners()
     except ImportError:
         print("pydynox is not installed (make bench installs it); comparing c and py only", file=sys.stderr)
 
-    for run, _ in contenders.values():
-        run(1000)  # warm-up
-    rates: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(args.rounds):
-        for name, (run, _) in contenders.items():
-            start = time.perf_counter()
-            run(args.cycles)
-            rates[name].append(args.cycles / (time.perf_counter() - start))
-    for _, close in contenders.values():
-        close()
-
     print(f"# memory_cycle: {args.rounds} interleaved rounds x {args.cycles} cycles, "
           f"Python {platform.python_version()}, {platform.machine()}, {time.strftime('%Y-%m-%d')}")
-    print(f"{'implementation':<16}{'median cycles/s':>17}{'best cycles/s':>15}{'us/cycle':>10}")
-    medians = {}
-    for name, values in rates.items():
-        medians[name] = statistics.median(values)
-        print(f"{name:<16}{medians[name]:>17,.0f}{max(values):>15,.0f}{1e6 / medians[name]:>10.2f}")
-    print(f"c / py: {medians['c'] / medians['py']:.2f}x")
-    for name in medians:
-        if name.startswith("pydynox"):
-            print(f"c / {name}: {medians['c'] / medians[name]:.2f}x   "
-                  f"py / {name}: {medians['py'] / medians[name]:.2f}x")
+    for workload in ("with", "decorator"):
+        for runners, _ in contenders.values():
+            runners[workload](1000)  # warm-up
+        rates: dict[str, list[float]] = {name: [] for name in contenders}
+        for _ in range(args.rounds):
+            for name, (runners, _) in contenders.items():
+                start = time.perf_counter()
+                runners[workload](args.cycles)
+                rates[name].append(args.cycles / (time.perf_counter() - start))
+        print(f"\n{workload} workload: uncontended acquire+release")
+        print(f"{'implementation':<16}{'median cycles/s':>17}{'best cycles/s':>15}{'us/cycle':>10}")
+        medians = {}
+        for name, values in rates.items():
+            medians[name] = statistics.median(values)
+            print(f"{name:<16}{medians[name]:>17,.0f}{max(values):>15,.0f}{1e6 / medians[name]:>10.2f}")
+        print(f"c / py: {medians['c'] / medians['py']:.2f}x")
+        for name in medians:
+            if name.startswith("pydynox"):
+                print(f"c / {name}: {medians['c'] / medians[name]:.2f}x   "
+                      f"py / {name}: {medians['py'] / medians[name]:.2f}x")
+    for _, close in contenders.values():
+        close()
     return 0
 
 

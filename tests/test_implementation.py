@@ -57,3 +57,16 @@ def test_forked_child_draws_different_tokens(core, in_forked_child):
     child_token = in_forked_child(core.new_token)
     parent_next = core.new_token()
     assert len(child_token) == 36 and child_token != parent_next
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", "py"), ("0", "c"), ("", "c")])
+def test_environment_variable_selects_the_twin_in_one_place(value, expected):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FASTLEASE_NO_EXTENSIONS=value)
+    probe = "import fastlease, fastlease._impl as i; print(fastlease.IMPLEMENTATION, i.core.__name__)"
+    result = subprocess.run([sys.executable, "-W", "error", "-c", probe], env=env, capture_output=True,
+                            text=True, timeout=60, check=True)
+    module = "fastlease._core_py" if expected == "py" else "fastlease._core"
+    assert result.stdout.split() == [expected, module]

@@ -746,11 +746,15 @@ cdef class Lease:
                 )
         except StoreError as error:
             self._request_failures += 1
+            _log.debug("acquisition write of %r failed (maybe committed: %s): %s", self.key,
+                       error.maybe_committed, error)
             if not error.maybe_committed:
                 raise
             self._pending = (owner, version, mono_ns, wall_ns)
             return self._reconcile_or_keep_pending(deadline_ns)
         if applied:
+            if seen_owner is not None:
+                _log.debug("took over %r in %r from owner %s", self.key, self.table, seen_owner)
             return self._confirm(owner, version, mono_ns, wall_ns)
         self._conditional_failures += 1
         return False
@@ -848,6 +852,7 @@ cdef class Lease:
         except StoreError as error:
             self._renew_request_failures += 1
             self._renew_errors += 1
+            _log.debug("renewal of %r failed (maybe committed: %s): %s", self.key, error.maybe_committed, error)
             if error.maybe_committed:
                 self._renew_pending = (new_version, mono_ns, wall_ns)
             return min(self._mono() + retry_ns, deadline_ns)
@@ -924,6 +929,7 @@ cdef class Lease:
             except StoreError as failure:
                 self._request_failures += 1
                 error = failure
+                _log.debug("release of %r failed (maybe committed: %s): %s", self.key, failure.maybe_committed, failure)
                 ambiguous = ambiguous or failure.maybe_committed
             now_ns = self._mono()
             if now_ns + backoff_ns >= deadline_ns:
