@@ -19,7 +19,6 @@ import fastlease._core as compiled
 import fastlease._core_py as twin
 from fastlease import MemoryClient, SyncDistributedLock, distributed_lock
 
-
 Runner = Callable[[int], None]
 
 

@@ -85,3 +85,25 @@ def in_forked_child() -> Callable[[Callable[[], str]], str]:
         return b"".join(chunks).decode()
 
     return run
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """One serialised moto server (a separate process on 127.0.0.1) for the whole test session."""
+    from fastlease.testing_moto import MotoServer
+
+    server = MotoServer()
+    try:
+        yield server.start(timeout_s=60)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_session(moto_endpoint: str):  # type: ignore[no-untyped-def]
+    """A boto3 session whose clients reach the moto server with fake credentials."""
+    import boto3
+
+    return boto3.session.Session(
+        aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+    )

@@ -13,6 +13,7 @@ from .lock import LeaseMetrics, SyncDistributedLock
 from .stores.memory import MemoryClient, MemoryStore
 
 __all__ = [
+    "DynamoDBClient",
     "IMPLEMENTATION",
     "FastleaseError",
     "LeaseMetrics",
@@ -26,3 +27,12 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # Store clients with optional dependencies load on first use, so `import fastlease` needs no extras.
+    if name == "DynamoDBClient":
+        from .stores.dynamodb import DynamoDBClient
+
+        return DynamoDBClient
+    raise AttributeError(f"module 'fastlease' has no attribute {name!r}")

@@ -633,7 +633,9 @@ cdef class Lease:
         try:
             while True:
                 try:
-                    if self._attempt(deadline_ns):
+                    # Requests get their full timeout even when the wait budget is shorter (or 0):
+                    # the budget limits waiting for contention, not the network.
+                    if self._attempt(max(deadline_ns, self._mono() + request_timeout_ns(self.lease_ms))):
                         self._wait_ns = self._mono() - start_ns
                         return
                     delay_ns = min(self._hint_ns, <int64_t>(POLL_INTERVAL_MS * NS_PER_MS * (0.5 + _random())))

@@ -541,7 +541,9 @@ class Lease:
         try:
             while True:
                 try:
-                    if self._attempt(deadline_ns):
+                    # Requests get their full timeout even when the wait budget is shorter (or 0):
+                    # the budget limits waiting for contention, not the network.
+                    if self._attempt(max(deadline_ns, clock.monotonic_ns() + request_timeout_ns(self.lease_ms))):
                         self._wait_ns = clock.monotonic_ns() - start_ns
                         return
                     delay_ns = min(self._hint_ns, int(POLL_INTERVAL_MS * _NS_PER_MS * (0.5 + random.random())))

@@ -16,6 +16,8 @@ __all__ = [
     "LockReleaseError",
     "MalformedLockRow",
     "StoreError",
+    "StoreRequestRejected",
+    "TransactionCanceled",
     "LOST_CAUSES",
 ]
 
@@ -61,3 +63,15 @@ class StoreError(FastleaseError):
     def __init__(self, message: str, *, key: Optional[str] = None, maybe_committed: bool = False) -> None:
         super().__init__(message, key=key)
         self.maybe_committed = maybe_committed
+
+
+class StoreRequestRejected(FastleaseError):
+    """The store refused a request for a reason waiting cannot fix (missing table, access denied, ...)."""
+
+
+class TransactionCanceled(FastleaseError):
+    """A transaction was rejected; ``.failed_items`` lists (index, operation, table, key, reason code)."""
+
+    def __init__(self, message: str, *, failed_items: list[tuple[int, str, str, object, str]]) -> None:
+        super().__init__(message)
+        self.failed_items = failed_items

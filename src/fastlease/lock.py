@@ -179,6 +179,16 @@ class SyncDistributedLock:
         self._lease.raise_if_lost()
         self._lease.client._check_in(self._lease, transaction)
 
+    def condition_check_item(self) -> dict[str, Any]:
+        """The raw boto3 ``{"ConditionCheck": ...}`` entry for your own ``transact_write_items`` call
+        (DynamoDB only). Raises LockLost if the lease is not valid now."""
+        self._lease.raise_if_lost()
+        from .stores.dynamodb import DynamoDBClient, condition_check_item
+
+        if not isinstance(self._lease.client, DynamoDBClient):
+            raise TypeError("condition_check_item() is for DynamoDB leases; use check_in() on other stores")
+        return condition_check_item(self._lease)
+
     @property
     def metrics(self) -> LeaseMetrics:
         """A snapshot of this lease's requests, renewals, waits and failures."""

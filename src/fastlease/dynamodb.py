@@ -1,0 +1,181 @@
+"""DynamoDB: the client and TransactWriteItems builders for writes that must commit only under a lease.
+
+::
+
+    with SyncDistributedLock(client, table="locks", key="import:daily") as lease:
+        with SyncTransaction(client) as tx:
+            lease.check_in(tx)                       # ConditionCheck: the row's owner is still ours
+            tx.put("import_results", {"job_id": "daily", "summary": "..."})
+    # the transaction commits when its block exits without an exception
+
+Values are plain Python (str, int, Decimal, bytes, bool, None, lists, dicts, sets), serialised with
+boto3's ``TypeSerializer``. Commits use your own boto3 client and its configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Any, Mapping, Optional, Type
+
+from .exceptions import LockLost, TransactionCanceled
+from .stores.dynamodb import DynamoDBClient, condition_check_item
+
+__all__ = ["DynamoDBClient", "SyncTransaction", "Transaction", "TransactionCanceled", "condition_check_item"]
+
+MAX_TRANSACTION_ITEMS = 100  # DynamoDB's limit for TransactWriteItems
+
+
+def _targets_lock_item(table: str, key_or_item: Any, lock_table: str, lock_key: str) -> bool:
+    """Does an operation on ``table`` with this Key (or Item) address the lock row of ``lock_key``?"""
+    return table == lock_table and isinstance(key_or_item, dict) and key_or_item.get("key") == {"S": lock_key}
+
+
+class SyncTransaction:
+    """Collects TransactWriteItems entries and commits them when the ``with`` block exits cleanly."""
+
+    def __init__(self, client: DynamoDBClient) -> None:
+        if not isinstance(client, DynamoDBClient):
+            raise TypeError(f"SyncTransaction needs a DynamoDBClient, got {type(client).__name__}")
+        from boto3.dynamodb.types import TypeSerializer
+
+        self.client = client
+        self._serializer = TypeSerializer()
+        self._items: list[dict[str, Any]] = []
+        self._targets: list[tuple[str, str, Any]] = []  # (operation, table, plain key) per item
+        self._lock_checks: dict[tuple[str, str], int] = {}  # (table, lock key) -> item index
+        self._committed = False
+
+    # ---- building ------------------------------------------------------------------------------
+    def _serialize(self, values: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+        return {name: self._serializer.serialize(value) for name, value in (values or {}).items()}
+
+    def _add(self, operation: str, table: str, plain_key: Any, body: dict[str, Any]) -> None:
+        if self._committed:
+            raise RuntimeError("this transaction was already committed")
+        if len(self._items) >= MAX_TRANSACTION_ITEMS:
+            raise ValueError(f"a transaction holds at most {MAX_TRANSACTION_ITEMS} items")
+        self._refuse_lock_item(table, body.get("Key") or body.get("Item"))
+        self._items.append({operation: body})
+        self._targets.append((operation, table, plain_key))
+
+    def _refuse_lock_item(self, table: str, key_or_item: Any) -> None:
+        for lock_table, lock_key in self._lock_checks:
+            if _targets_lock_item(table, key_or_item, lock_table, lock_key):
+                raise ValueError(
+                    f"the transaction already checks the lease on {lock_key!r} in {lock_table!r}: "
+                    "it must not contain another operation on the lock item"
+                )
+
+    @staticmethod
+    def _expression(body: dict[str, Any], condition: Optional[str], names: Optional[Mapping[str, str]]) -> None:
+        if condition is not None:
+            body["ConditionExpression"] = condition
+        if names:
+            body["ExpressionAttributeNames"] = dict(names)
+
+    def put(self, table: str, item: Mapping[str, Any], *, condition: Optional[str] = None,
+            names: Optional[Mapping[str, str]] = None, values: Optional[Mapping[str, Any]] = None) -> None:
+        """Put a whole item (plain Python values)."""
+        body: dict[str, Any] = {"TableName": table, "Item": self._serialize(item)}
+        self._expression(body, condition, names)
+        if values:
+            body["ExpressionAttributeValues"] = self._serialize(values)
+        self._add("Put", table, dict(item), body)
+
+    def update(self, table: str, key: Mapping[str, Any], update: str, *, condition: Optional[str] = None,
+               names: Optional[Mapping[str, str]] = None, values: Optional[Mapping[str, Any]] = None) -> None:
+        """Apply an UpdateExpression to the item with this key."""
+        body: dict[str, Any] = {"TableName": table, "Key": self._serialize(key), "UpdateExpression": update}
+        self._expression(body, condition, names)
+        if values:
+            body["ExpressionAttributeValues"] = self._serialize(values)
+        self._add("Update", table, dict(key), body)
+
+    def delete(self, table: str, key: Mapping[str, Any], *, condition: Optional[str] = None,
+               names: Optional[Mapping[str, str]] = None, values: Optional[Mapping[str, Any]] = None) -> None:
+        """Delete the item with this key."""
+        body: dict[str, Any] = {"TableName": table, "Key": self._serialize(key)}
+        self._expression(body, condition, names)
+        if values:
+            body["ExpressionAttributeValues"] = self._serialize(values)
+        self._add("Delete", table, dict(key), body)
+
+    def condition_check(self, table: str, key: Mapping[str, Any], condition: str, *,
+                        names: Optional[Mapping[str, str]] = None,
+                        values: Optional[Mapping[str, Any]] = None) -> None:
+        """Require a condition on an item without writing it."""
+        body: dict[str, Any] = {"TableName": table, "Key": self._serialize(key)}
+        self._expression(body, condition, names)
+        if values:
+            body["ExpressionAttributeValues"] = self._serialize(values)
+        self._add("ConditionCheck", table, dict(key), body)
+
+    def _add_lock_check(self, table: str, key: str, check: dict[str, Any]) -> None:
+        """Called by ``lease.check_in``: one ConditionCheck per lease, and no other op on its item."""
+        if (table, key) in self._lock_checks:
+            raise ValueError(f"the lease on {key!r} is already checked in to this transaction")
+        for (operation, target_table, _), item in zip(self._targets, self._items):
+            body = item[operation]
+            if _targets_lock_item(target_table, body.get("Key") or body.get("Item"), table, key):
+                raise ValueError(f"the transaction already has a {operation} on the lock item {key!r}: it must not")
+        self._add("ConditionCheck", table, {"key": key}, check)
+        self._lock_checks[(table, key)] = len(self._items) - 1
+
+    # ---- committing ----------------------------------------------------------------------------
+    def commit(self) -> None:
+        """Send TransactWriteItems (nothing is sent for an empty transaction)."""
+        if self._committed:
+            raise RuntimeError("this transaction was already committed")
+        self._committed = True
+        if not self._items:
+            return
+        boto3_client = self.client.boto3_client
+        try:
+            boto3_client.transact_write_items(TransactItems=self._items)
+        except boto3_client.exceptions.TransactionCanceledException as error:
+            failure = self._canceled(error)  # chained as failure <- ... <- botocore's error
+        else:
+            return
+        raise failure
+
+    def _canceled(self, error: Any) -> BaseException:
+        reasons = error.response.get("CancellationReasons") or []
+        failed = []
+        for index, reason in enumerate(reasons):
+            code = str(reason.get("Code", "None"))
+            if code != "None" and index < len(self._targets):
+                operation, table, key = self._targets[index]
+                failed.append((index, operation, table, key, code))
+        detail = "; ".join(f"item {i} ({op} on {table} {key!r}): {code}" for i, op, table, key, code in failed)
+        canceled = TransactionCanceled(f"transaction canceled: {detail or error}", failed_items=failed)
+        canceled.__cause__ = error
+        lost = [(table, key["key"]) for i, _, table, key, code in failed
+                if code == "ConditionalCheckFailed" and i in self._lock_checks.values()]
+        if lost:
+            table, key = lost[0]
+            lock_lost = LockLost(f"lease on {key!r} in {table!r} no longer held at commit: {detail}", key=key,
+                                 cause="stolen")
+            lock_lost.__cause__ = canceled  # LockLost <- TransactionCanceled <- botocore's error
+            return lock_lost
+        return canceled
+
+    def __enter__(self) -> "SyncTransaction":
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 traceback: Optional[TracebackType]) -> None:
+        if exc is None:
+            self.commit()
+
+
+class Transaction(SyncTransaction):
+    """The async form: ``async with Transaction(client) as tx:``; commits in a worker thread."""
+
+    async def __aenter__(self) -> "Transaction":
+        return self
+
+    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                        traceback: Optional[TracebackType]) -> None:
+        if exc is None:
+            await asyncio.to_thread(self.commit)

@@ -1,0 +1,406 @@
+"""DynamoDB store: protocol v1 rows through boto3, wire-compatible with pydynox 1.8.0.
+
+The adapter maps the five ``LockStore`` operations onto single conditional requests (contract §3):
+
+=================  ==========================================  ==========================================
+operation          request                                     condition
+=================  ==========================================  ==========================================
+put_if_absent      PutItem (full row)                          ``attribute_not_exists(#key)``
+replace_if         PutItem (full row, new lease)               ``#owner = :owner AND #version = :version``
+update_version_if  UpdateItem ``SET #version = :new_version``  ``#owner = :owner AND #version = :version``
+delete_if_owner    DeleteItem                                  ``#owner = :owner``
+read               GetItem ``ConsistentRead=True``             -
+=================  ==========================================  ==========================================
+
+Requests go through a *transport* (plain boto3 here; the fast path lives beside it) that sends one
+request with no SDK retries and a per-request timeout, and classifies failures:
+
+* a conditional check failure is a lost race, returned as ``False``;
+* throttling and refused connections are ``StoreError(maybe_committed=False)``: nothing was applied;
+* timeouts after sending, dropped connections and 5xx are ``StoreError(maybe_committed=True)``: the
+  engine reconciles them with a consistent read;
+* anything else (missing table, access denied, validation) is ``StoreRequestRejected``: waiting will
+  not fix it, so the engine does not retry it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+from ..client import LeaseClient
+from ..exceptions import MalformedLockRow, StoreError, StoreRequestRejected
+from .base import LockRow, UsageMeter
+
+__all__ = ["DynamoDBClient", "DynamoDBStore", "Boto3Transport"]
+
+_log = logging.getLogger("fastlease.stores.dynamodb")
+
+PROTOCOL_V1 = "1"
+
+#: Acquire: the key is free. pydynox's rows use the same names, so the two libraries exclude each other.
+ACQUIRE_CONDITION = "attribute_not_exists(#key)"
+#: Takeover and renew: the row still holds exactly the owner and version we observed or hold.
+OWNER_AND_VERSION_CONDITION = "#owner = :owner AND #version = :version"
+#: Renew changes only the version; lease_ms is the owner's and is never rewritten.
+RENEW_UPDATE = "SET #version = :new_version"
+#: Release and check_in: the row's owner is this acquisition's unique owner id.
+OWNER_CONDITION = "#owner = :owner"
+
+_KEY_NAME = {"#key": "key"}
+_OWNER_VERSION_NAMES = {"#owner": "owner", "#version": "version"}
+_OWNER_NAMES = {"#owner": "owner"}
+
+#: Errors that mean "not applied, try again later".
+THROTTLING_CODES = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "LimitExceededException",
+        "TransactionConflictException",
+    }
+)
+#: Errors that mean "the service failed; the write may or may not have been applied".
+SERVER_ERROR_CODES = frozenset({"InternalServerError", "ServiceUnavailable", "InternalFailure"})
+
+#: Per-request timeouts are quantised *down* to these buckets, one lock client per bucket, so a
+#: request never waits longer than min(lease/3, 5 s, the time left) by more than the smallest bucket.
+TIMEOUT_BUCKETS_S = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0)
+
+
+class ServiceError(Exception):
+    """A transport's report of an error response from DynamoDB: its code, message and HTTP status."""
+
+    def __init__(self, code: str, message: str, status: int) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+def _import_boto3() -> Any:
+    try:
+        import boto3
+    except ImportError as error:
+        raise ImportError(
+            "DynamoDBClient needs boto3: pip install 'fastlease[dynamodb]'"
+        ) from error
+    return boto3
+
+
+def _bucket(timeout_s: float) -> float:
+    chosen = TIMEOUT_BUCKETS_S[0]
+    for bucket in TIMEOUT_BUCKETS_S:
+        if bucket <= timeout_s:
+            chosen = bucket
+    return chosen
+
+
+class Boto3Transport:
+    """Lock requests through boto3, on lock-only clients with retries off and bounded timeouts.
+
+    The user's own client is never reconfigured: lock clients are separate botocore clients built from
+    the same session (or sharing the user client's credentials), one per timeout bucket, made lazily.
+    """
+
+    name = "boto3"
+
+    def __init__(self, make_client: Callable[[float], Any]) -> None:
+        self._make_client = make_client
+        self._clients: dict[float, Any] = {}
+
+    def _client(self, timeout_s: float) -> Any:
+        bucket = _bucket(timeout_s)
+        client = self._clients.get(bucket)
+        if client is None:
+            client = self._clients.setdefault(bucket, self._make_client(bucket))
+        return client
+
+    def call(self, operation: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+        )
+
+        client = self._client(timeout_s)
+        try:
+            return getattr(client, _METHODS[operation])(**params)  # type: ignore[no-any-return]
+        except ClientError as error:
+            info = error.response.get("Error", {})
+            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            raise ServiceError(str(info.get("Code", "")), str(info.get("Message", "")), int(status)) from error
+        except (ConnectTimeoutError, EndpointConnectionError) as error:
+            raise StoreError(f"DynamoDB {operation} not sent: {error}", maybe_committed=False) from error
+        except BotoCoreError as error:
+            # A read timeout or a dropped connection after sending: the write may have landed.
+            raise StoreError(f"DynamoDB {operation} failed after sending: {error}", maybe_committed=True) from error
+
+
+_METHODS = {
+    "PutItem": "put_item",
+    "UpdateItem": "update_item",
+    "DeleteItem": "delete_item",
+    "GetItem": "get_item",
+}
+
+
+def _row_item(key: str, owner: str, version: str, lease_ms: int) -> dict[str, Any]:
+    return {
+        "key": {"S": key},
+        "owner": {"S": owner},
+        "version": {"S": version},
+        "lease_ms": {"N": str(lease_ms)},
+        "protocol": {"N": PROTOCOL_V1},
+    }
+
+
+def _number(item: dict[str, Any], name: str, key: str) -> int:
+    value = item.get(name)
+    text = value.get("N") if isinstance(value, dict) and len(value) == 1 else None
+    if not isinstance(text, str) or not text.isascii() or not text.lstrip("-").isdigit():
+        raise MalformedLockRow(f"lock row for {key!r}: {name} must be an integer N attribute, got {value!r}", key=key)
+    return int(text)
+
+
+def _string(item: dict[str, Any], name: str, key: str) -> str:
+    value = item.get(name)
+    text = value.get("S") if isinstance(value, dict) and len(value) == 1 else None
+    if not isinstance(text, str) or not text:
+        raise MalformedLockRow(f"lock row for {key!r}: {name} must be a non-empty S attribute, got {value!r}", key=key)
+    return text
+
+
+def parse_row(item: dict[str, Any], key: str) -> LockRow:
+    """Strict parsing of a stored item into a LockRow: missing or mistyped attributes fail closed.
+    (Range and protocol checks are the engine's: ``check_row``.)"""
+    return LockRow(
+        _string(item, "owner", key),
+        _string(item, "version", key),
+        _number(item, "lease_ms", key),
+        _number(item, "protocol", key),
+    )
+
+
+class DynamoDBStore:
+    """The LockStore adapter for DynamoDB; one conditional request per operation, no protocol logic."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+
+    def _send(self, operation: str, params: dict[str, Any], timeout_s: float, usage: UsageMeter, key: str) -> Any:
+        """Send one request. Returns the response, or None for a failed condition."""
+        params["ReturnConsumedCapacity"] = "TOTAL"
+        try:
+            response = self.transport.call(operation, params, timeout_s)
+        except ServiceError as error:
+            _log.debug("%s %r -> %s", operation, key, error.code)
+            if error.code == "ConditionalCheckFailedException":
+                return None
+            if error.code in THROTTLING_CODES:
+                raise StoreError(f"DynamoDB {operation} throttled: {error}", key=key, maybe_committed=False) from error
+            if error.code in SERVER_ERROR_CODES or error.status >= 500:
+                raise StoreError(f"DynamoDB {operation} failed: {error}", key=key, maybe_committed=True) from error
+            raise StoreRequestRejected(f"DynamoDB rejected {operation} on {key!r}: {error}", key=key) from error
+        except StoreError as error:
+            _log.debug("%s %r -> %s", operation, key, error)
+            error.key = key
+            raise
+        capacity = response.get("ConsumedCapacity")
+        if capacity:
+            units = float(capacity.get("CapacityUnits", 0.0))
+            if operation == "GetItem":
+                usage.add_capacity(units, 0.0)
+            else:
+                usage.add_capacity(0.0, units)
+        _log.debug("%s %r -> ok", operation, key)
+        return response
+
+    def put_if_absent(
+        self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        params = {
+            "TableName": table,
+            "Item": _row_item(key, owner, version, lease_ms),
+            "ConditionExpression": ACQUIRE_CONDITION,
+            "ExpressionAttributeNames": _KEY_NAME,
+        }
+        return self._send("PutItem", params, timeout_s, usage, key) is not None
+
+    def replace_if(
+        self,
+        table: str,
+        key: str,
+        expected_owner: str,
+        expected_version: str,
+        owner: str,
+        version: str,
+        lease_ms: int,
+        timeout_s: float,
+        usage: UsageMeter,
+    ) -> bool:
+        params = {
+            "TableName": table,
+            "Item": _row_item(key, owner, version, lease_ms),
+            "ConditionExpression": OWNER_AND_VERSION_CONDITION,
+            "ExpressionAttributeNames": _OWNER_VERSION_NAMES,
+            "ExpressionAttributeValues": {":owner": {"S": expected_owner}, ":version": {"S": expected_version}},
+        }
+        return self._send("PutItem", params, timeout_s, usage, key) is not None
+
+    def update_version_if(
+        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        params = {
+            "TableName": table,
+            "Key": {"key": {"S": key}},
+            "UpdateExpression": RENEW_UPDATE,
+            "ConditionExpression": OWNER_AND_VERSION_CONDITION,
+            "ExpressionAttributeNames": _OWNER_VERSION_NAMES,
+            "ExpressionAttributeValues": {
+                ":owner": {"S": owner},
+                ":version": {"S": version},
+                ":new_version": {"S": new_version},
+            },
+        }
+        return self._send("UpdateItem", params, timeout_s, usage, key) is not None
+
+    def delete_if_owner(self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter) -> bool:
+        params = {
+            "TableName": table,
+            "Key": {"key": {"S": key}},
+            "ConditionExpression": OWNER_CONDITION,
+            "ExpressionAttributeNames": _OWNER_NAMES,
+            "ExpressionAttributeValues": {":owner": {"S": owner}},
+        }
+        return self._send("DeleteItem", params, timeout_s, usage, key) is not None
+
+    def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
+        params = {"TableName": table, "Key": {"key": {"S": key}}, "ConsistentRead": True}
+        response = self._send("GetItem", params, timeout_s, usage, key)
+        item = response.get("Item")
+        return None if item is None else parse_row(item, key)
+
+
+class DynamoDBClient(LeaseClient):
+    """A lease client on DynamoDB (the production store).
+
+    ``DynamoDBClient()`` uses boto3's default session and the normal AWS configuration chain
+    (``AWS_ENDPOINT_URL`` included); ``DynamoDBClient(boto3_client)`` uses an existing client's
+    Region, endpoint and credentials; ``DynamoDBClient(session=..., endpoint_url=..., region_name=...)``
+    builds from a session. Lock requests use separate lock-only clients with SDK retries off and
+    per-request timeouts of at most min(lease/3, 5 s); your own client's configuration is untouched.
+    Lock operations never create tables: see :meth:`create_lock_table`.
+    """
+
+    def __init__(
+        self,
+        boto3_client: Any = None,
+        *,
+        session: Any = None,
+        endpoint_url: Optional[str] = None,
+        region_name: Optional[str] = None,
+        clock: Optional[Any] = None,
+        **engine: Any,
+    ) -> None:
+        boto3 = _import_boto3()
+        if boto3_client is not None and (session is not None or endpoint_url is not None or region_name is not None):
+            raise ValueError("pass either a boto3 client or session/endpoint_url/region_name, not both")
+        if boto3_client is None:
+            session = session if session is not None else boto3.session.Session()
+            boto3_client = session.client("dynamodb", endpoint_url=endpoint_url, region_name=region_name)
+        elif getattr(getattr(boto3_client, "meta", None), "service_model", None) is None or (
+            boto3_client.meta.service_model.service_name != "dynamodb"
+        ):
+            raise TypeError(f"boto3_client must be a boto3 DynamoDB client, got {type(boto3_client).__name__}")
+        self.boto3_client = boto3_client
+        store = DynamoDBStore(Boto3Transport(self._lock_client_factory()))
+        super().__init__(store, clock=clock, **engine)
+
+    @property
+    def region_name(self) -> str:
+        return str(self.boto3_client.meta.region_name)
+
+    @property
+    def endpoint_url(self) -> str:
+        return str(self.boto3_client.meta.endpoint_url)
+
+    def _lock_client_factory(self) -> Callable[[float], Any]:
+        """Lock clients share the user client's Region, endpoint and (refreshing) credentials, but
+        have retries off and timeouts bounded by their bucket."""
+        import botocore.session
+        from botocore.config import Config
+
+        user = self.boto3_client
+        credentials = user._request_signer._credentials  # the same provider object: refreshes are shared
+
+        def make(timeout_s: float) -> Any:
+            config = user.meta.config.merge(
+                Config(
+                    retries={"total_max_attempts": 1, "mode": "standard"},
+                    connect_timeout=timeout_s,
+                    read_timeout=timeout_s,
+                    tcp_keepalive=True,
+                )
+            )
+            client = botocore.session.get_session().create_client(
+                "dynamodb",
+                region_name=user.meta.region_name,
+                endpoint_url=user.meta.endpoint_url,
+                aws_access_key_id="placeholder",  # replaced below by the shared provider
+                aws_secret_access_key="placeholder",
+                config=config,
+            )
+            client._request_signer._credentials = credentials
+            return client
+
+        return make
+
+    # ---- tables (deployment-time helpers; lock operations never call these) ----------------------
+    def create_lock_table(self, name: str, *, wait: bool = True) -> None:
+        """Create a lock table: string partition key ``key``, no sort key, on-demand, TTL disabled."""
+        self._core.check_table(name)
+        self.boto3_client.create_table(
+            TableName=name,
+            AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
+            KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        if wait:
+            self.boto3_client.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1})
+
+    def lock_table_exists(self, name: str) -> bool:
+        """True if the table exists (in any status)."""
+        self._core.check_table(name)
+        try:
+            self.boto3_client.describe_table(TableName=name)
+        except self.boto3_client.exceptions.ResourceNotFoundException:
+            return False
+        return True
+
+    # ---- transactions ------------------------------------------------------------------------
+    def _check_in(self, lease: Any, transaction: Any) -> None:
+        from ..dynamodb import SyncTransaction, Transaction
+
+        if not isinstance(transaction, (SyncTransaction, Transaction)):
+            raise TypeError(
+                f"check_in takes a fastlease.dynamodb Transaction or SyncTransaction, got {type(transaction).__name__}"
+            )
+        if transaction.client is not self:
+            raise ValueError("check_in: the transaction belongs to another client; create it with this lease's client")
+        transaction._add_lock_check(lease.table, lease.key, condition_check_item(lease)["ConditionCheck"])
+
+
+def condition_check_item(lease: Any) -> dict[str, Any]:
+    """The raw TransactWriteItems entry that holds only while ``lease``'s owner still owns the row."""
+    return {
+        "ConditionCheck": {
+            "TableName": lease.table,
+            "Key": {"key": {"S": lease.key}},
+            "ConditionExpression": OWNER_CONDITION,
+            "ExpressionAttributeNames": dict(_OWNER_NAMES),
+            "ExpressionAttributeValues": {":owner": {"S": lease.owner}},
+        }
+    }

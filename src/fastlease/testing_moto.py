@@ -1,0 +1,389 @@
+"""A moto DynamoDB test server that handles one request at a time.
+
+Why this exists: stock ``moto_server`` serves requests on many threads, and moto's DynamoDB backend does not
+make a conditional write atomic (the condition is checked, then the item is written, with no lock around
+the two). Under concurrent conditional puts it can let two writers both "win" (one measurement found 3 double
+winners in 1,600 four-way ``attribute_not_exists`` races; the window is narrow, so it is rare and timing
+dependent, which makes it worse, not better: a flaky false pass or fail). A lock library cannot be tested
+against a store that breaks the very guarantee it relies on, so this module runs moto's own WSGI
+application behind a middleware that holds one global lock for each whole request. Connections are still
+accepted concurrently (werkzeug's threaded server), so clients really do race on the wire; only the store's
+handling of them is serialised, which is what real DynamoDB guarantees per item.
+
+Use it as a script::
+
+    python -m fastlease.testing_moto --host 127.0.0.1 --port 0
+    READY http://127.0.0.1:40123
+
+or from tests and benchmarks::
+
+    with MotoServer() as server:
+        client = boto3.client("dynamodb", endpoint_url=server.endpoint_url, ...)
+
+moto is a test dependency (``pip install 'moto[server,dynamodb]'``). Its heavy imports happen lazily, in the
+server process only; importing this module just checks that moto is installed, so that a missing moto is
+reported here, by name, rather than as a child process that never becomes ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import io
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import IO, Any, Callable, Deque, Iterable, List, Optional, Sequence
+
+__all__ = ["MotoServer", "SerialisedWSGIApp", "serve", "main", "ALLOWED_HOST", "INSTALL_HINT"]
+
+#: The only address the server binds. Tests must never expose a fake AWS endpoint beyond loopback.
+ALLOWED_HOST = "127.0.0.1"
+INSTALL_HINT = "pip install 'moto[server,dynamodb]'"
+READY_PREFIX = "READY "
+
+# moto's server mode needs these at run time; flask and flask_cors come with the ``server`` extra.
+_REQUIRED_MODULES = ("moto", "flask", "flask_cors", "werkzeug")
+_missing = [name for name in _REQUIRED_MODULES if importlib.util.find_spec(name) is None]
+if _missing:
+    raise ImportError(
+        f"fastlease.testing_moto needs moto's server mode (missing: {', '.join(_missing)}); "
+        f"install it with: {INSTALL_HINT}"
+    )
+del _missing
+
+_StartResponse = Callable[..., Any]
+_WSGIApp = Callable[[dict, _StartResponse], Iterable[bytes]]
+
+
+class SerialisedWSGIApp:
+    """WSGI middleware: at most one request at a time inside the wrapped application.
+
+    The lock covers calling the application *and* iterating and closing its response, because a WSGI
+    application may do its work lazily while its body is iterated; releasing the lock when the call
+    returns would let that work overlap the next request. The body is therefore buffered under the lock
+    and sent after it is released, and the request body is read from the socket before the lock is taken,
+    so a slow client (in either direction) never holds up the others.
+
+    The wait for the lock is bounded: if the application wedges, later requests get a 503 after
+    ``lock_timeout_s`` instead of hanging forever.
+    """
+
+    def __init__(self, app: _WSGIApp, *, lock_timeout_s: float = 120.0) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+        self._lock_timeout_s = lock_timeout_s
+
+    def __call__(self, environ: dict, start_response: _StartResponse) -> List[bytes]:
+        _buffer_request_body(environ)
+        if not self._lock.acquire(timeout=self._lock_timeout_s):
+            body = b'{"__type":"com.amazonaws.dynamodb.v20120810#ServiceUnavailable","message":"server wedged"}'
+            start_response(
+                "503 Service Unavailable",
+                [("Content-Type", "application/x-amz-json-1.0"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
+        try:
+            result = self._app(environ, start_response)
+            try:
+                return [b"".join(result)]
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+        finally:
+            self._lock.release()
+
+
+def _buffer_request_body(environ: dict) -> None:
+    """Read the request body off the socket into memory (see SerialisedWSGIApp for why)."""
+    stream = environ.get("wsgi.input")
+    if stream is None:
+        return
+    if environ.get("wsgi.input_terminated"):  # chunked: werkzeug's dechunker ends the stream itself
+        data = stream.read()
+    else:
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        data = stream.read(length) if length > 0 else b""
+    environ["wsgi.input"] = io.BytesIO(data)
+
+
+def _check_host(host: str) -> None:
+    if host != ALLOWED_HOST:
+        raise ValueError(f"refusing to bind {host!r}: the moto test server only ever binds {ALLOWED_HOST}")
+
+
+def _load_moto() -> Any:
+    """Import moto's server pieces (slow, and only needed in the server process)."""
+    try:
+        from moto.moto_server import werkzeug_app
+        from werkzeug.serving import make_server
+    except ImportError as error:
+        raise ImportError(
+            f"fastlease.testing_moto needs moto's server mode ({error}); install: {INSTALL_HINT}"
+        ) from error
+    return werkzeug_app, make_server
+
+
+class _Stop(Exception):
+    """Raised in the main thread by the SIGTERM/SIGINT handler to leave serve_forever()."""
+
+
+def serve(
+    host: str = ALLOWED_HOST,
+    port: int = 0,
+    *,
+    parent_pid: Optional[int] = None,
+    verbose: bool = False,
+    ready_stream: Optional[IO[str]] = None,
+) -> None:
+    """Run the serialised moto server in this process until SIGTERM or SIGINT. Main thread only.
+
+    Prints exactly one ``READY http://127.0.0.1:<port>`` line to ``ready_stream`` (stdout) once the socket
+    is listening. With ``parent_pid``, the server also stops when that process goes away.
+    """
+    _check_host(host)
+    werkzeug_app, make_server = _load_moto()
+    if not verbose:
+        # One access-log line per request would flood a piped stderr; keep warnings and errors.
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+    # The same factory pair moto's own ``moto_server`` and ThreadedMotoServer use: a dispatcher that builds
+    # one Flask app per AWS service on demand. We wrap the dispatcher, so every service is serialised.
+    app = SerialisedWSGIApp(werkzeug_app.DomainDispatcherApplication(werkzeug_app.create_backend_app))
+    server = make_server(host, port, app, threaded=True, request_handler=werkzeug_app.MotoRequestHandler)
+    # Some moto services build URLs (e.g. SQS queue URLs) from MOTO_PORT, as moto_server sets it.
+    os.environ.setdefault("MOTO_PORT", str(server.port))
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise _Stop(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if parent_pid is not None:
+        _start_parent_watchdog(parent_pid)
+    stream = ready_stream if ready_stream is not None else sys.stdout
+    try:
+        # make_server has already bound and listened, so clients that connect now simply queue.
+        stream.write(f"{READY_PREFIX}http://{host}:{server.port}\n")
+        stream.flush()
+        server.serve_forever(poll_interval=0.2)
+    except _Stop:
+        pass
+    finally:
+        server.server_close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _start_parent_watchdog(parent_pid: int, interval_s: float = 0.5) -> None:
+    """Stop this server (via SIGTERM to ourselves, the clean path) once the parent process is gone.
+
+    Polling the parent PID is portable and, unlike Linux's PR_SET_PDEATHSIG, does not fire when merely the
+    *thread* that spawned us exits (which would kill a server started from a worker thread).
+    """
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent_pid:  # reparented: our parent died
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    if os.getppid() != parent_pid:  # the parent died before we got here
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, name="fastlease-moto-parent-watchdog", daemon=True).start()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fastlease.testing_moto",
+        description="moto DynamoDB test server with every request serialised (loopback only).",
+    )
+    parser.add_argument("--host", default=ALLOWED_HOST, help=f"address to bind; only {ALLOWED_HOST} is accepted")
+    parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    args = parser.parse_args(argv)
+    try:
+        _check_host(args.host)
+    except ValueError as error:
+        parser.error(str(error))  # exits with status 2 and the message on stderr
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0..65535, got {args.port}")
+    serve(args.host, args.port, parent_pid=args.parent_pid, verbose=args.verbose)
+    return 0
+
+
+class MotoServer:
+    """A serialised moto server in a child process (started with subprocess, stopped by its PID).
+
+    The child is ``sys.executable -m fastlease.testing_moto``; a separate process keeps moto's global state
+    and its request threads out of the process under test, and it can be killed if it wedges. It runs in
+    the caller's session and process group (so a terminal Ctrl-C reaches it too) and it exits on its own
+    when this process dies.
+    """
+
+    def __init__(self, host: str = ALLOWED_HOST) -> None:
+        # Not validated here on purpose: the child refuses any other host, and start() reports that.
+        self._host = host
+        self._proc: Optional[subprocess.Popen] = None
+        self._pid: Optional[int] = None
+        self._endpoint_url: Optional[str] = None
+        self._stderr: Optional[IO[bytes]] = None
+        self._reader: Optional[threading.Thread] = None
+        # stdout lines other than READY (moto should print none), kept for error reports; bounded.
+        self._extra_stdout: Deque[str] = collections.deque(maxlen=100)
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://127.0.0.1:<port>``; RuntimeError unless running."""
+        if self._endpoint_url is None:
+            raise RuntimeError("MotoServer is not running; call start() first")
+        return self._endpoint_url
+
+    @property
+    def pid(self) -> int:
+        """The child's PID (still the last child's after stop(), so callers can check it is gone)."""
+        if self._pid is None:
+            raise RuntimeError("MotoServer was never started")
+        return self._pid
+
+    def start(self, timeout_s: float = 30.0) -> str:
+        """Start the child and wait (at most ``timeout_s``) for its READY line; returns the endpoint URL.
+
+        Raises RuntimeError, with the child's exit status and stderr, if it is not ready in time. A second
+        call while running returns the same URL.
+        """
+        if self._proc is not None and self._proc.poll() is None and self._endpoint_url is not None:
+            return self._endpoint_url
+        self.stop()  # clean up a previous, dead child
+        # stderr goes to a file, not a pipe: nobody reads stderr while the server runs, and a full pipe
+        # would block the child's next log write (and with it, under the global lock, every request).
+        self._stderr = tempfile.TemporaryFile(prefix="fastlease-moto-stderr-")
+        self._extra_stdout.clear()
+        env = dict(os.environ)
+        # Make the child import this very copy of fastlease, installed or not.
+        src_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src_dir, env.get("PYTHONPATH")) if p)
+        command = [
+            sys.executable, "-m", "fastlease.testing_moto",
+            "--host", self._host, "--port", "0", "--parent-pid", str(os.getpid()),
+        ]  # fmt: skip
+        self._proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=env,
+            start_new_session=False,
+        )
+        self._pid = self._proc.pid
+        ready: "queue.Queue[Optional[str]]" = queue.Queue()
+        self._reader = threading.Thread(
+            target=self._read_stdout, args=(self._proc.stdout, ready), name="fastlease-moto-stdout", daemon=True
+        )
+        self._reader.start()
+
+        # Bounded wait for the READY line: the reader thread does the blocking reads, we only wait on a queue.
+        try:
+            line = ready.get(timeout=timeout_s)
+        except queue.Empty:
+            line, problem = None, f"did not print READY within {timeout_s:g} s"
+        else:
+            problem = "exited before it was ready"
+        if line is not None:
+            self._endpoint_url = line[len(READY_PREFIX) :].strip()
+            return self._endpoint_url
+
+        stderr = self._stderr_text()
+        returncode = self.stop()
+        raise RuntimeError(
+            f"moto test server (host {self._host!r}) {problem} (exit status {returncode}).\n"
+            f"command: {' '.join(command)}\n"
+            f"stdout: {''.join(self._extra_stdout)!r}\n"
+            f"stderr:\n{stderr}"
+        )
+
+    def _read_stdout(self, stream: IO[bytes], ready: "queue.Queue[Optional[str]]") -> None:
+        # Runs for the child's whole life, so stray prints after READY can never fill the pipe and block it.
+        # Hands the READY line (or None at EOF before it) to start(); keeps any other line in a bounded deque.
+        announced = False
+        try:
+            for raw in stream:
+                line = raw.decode("utf-8", "replace")
+                if not announced and line.startswith(READY_PREFIX):
+                    announced = True
+                    ready.put(line)
+                else:
+                    self._extra_stdout.append(line)
+        except (OSError, ValueError):
+            pass
+        finally:
+            if not announced:
+                ready.put(None)
+
+    def _stderr_text(self, limit: int = 8000) -> str:
+        if self._stderr is None:
+            return ""
+        try:
+            self._stderr.flush()
+            self._stderr.seek(0)
+            text = self._stderr.read().decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return ""
+        return text if len(text) <= limit else "...\n" + text[-limit:]
+
+    def stop(self, timeout_s: float = 10.0) -> Optional[int]:
+        """SIGTERM the child, wait up to ``timeout_s``, then SIGKILL it; returns its exit status.
+
+        Idempotent: without a child (never started, already stopped) it does nothing and returns None.
+        """
+        self._endpoint_url = None
+        proc = self._proc
+        returncode: Optional[int] = None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=timeout_s)  # SIGKILL cannot be ignored; a timeout here is a real fault
+            returncode = proc.returncode
+            self._proc = None  # only once it is reaped, so a failed stop() can be retried
+        if self._reader is not None:
+            # The child is dead, so its stdout is at EOF and the reader ends; join before closing the pipe,
+            # because closing a file another thread is blocked reading can itself block.
+            self._reader.join(timeout=timeout_s)
+            if not self._reader.is_alive() and proc is not None and proc.stdout is not None:
+                proc.stdout.close()
+            self._reader = None
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        return returncode
+
+    def __enter__(self) -> "MotoServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"running at {self._endpoint_url}, pid {self._proc.pid}" if self._proc else "stopped"
+        return f"<MotoServer {state}>"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,336 @@
+"""DynamoDB store under moto's in-process ``mock_aws``: rows, parsing, errors, tables, transactions."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import boto3
+import pytest
+from botocore.config import Config
+from moto import mock_aws
+
+from fastlease import LockLost, LockNotAcquired, SyncDistributedLock, distributed_lock
+from fastlease.dynamodb import DynamoDBClient, SyncTransaction, TransactionCanceled
+from fastlease.exceptions import MalformedLockRow, StoreError, StoreRequestRejected
+from fastlease.stores.dynamodb import TIMEOUT_BUCKETS_S, DynamoDBStore, ServiceError, _bucket
+from fastlease.testing import FakeClock
+
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def aws():
+    with mock_aws():
+        yield boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION)
+
+
+@pytest.fixture
+def make_dynamodb(aws, core):
+    clients = []
+
+    def build(**kwargs):
+        kwargs.setdefault("session", aws)
+        client = DynamoDBClient(_core=core, **kwargs)
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def ddb(make_dynamodb):
+    client = make_dynamodb()
+    client.create_lock_table("locks")
+    return client
+
+
+def raw_item(client, key="k", table="locks"):
+    return client.boto3_client.get_item(TableName=table, Key={"key": {"S": key}}, ConsistentRead=True).get("Item")
+
+
+def test_a_hold_writes_a_protocol_1_row_and_costs_two_writes(ddb):
+    with SyncDistributedLock(ddb, table="locks", key="import:daily") as lease:
+        item = raw_item(ddb, "import:daily")
+        assert set(item) == {"key", "owner", "version", "lease_ms", "protocol"}
+        assert item["owner"] == {"S": lease.owner}
+        assert item["lease_ms"] == {"N": "30000"} and item["protocol"] == {"N": "1"}
+        assert "S" in item["version"]
+    metrics = lease.metrics
+    assert (metrics.write_requests, metrics.read_requests) == (2, 0)
+    assert metrics.consumed_wcu == 2.0 and metrics.consumed_rcu == 0.0
+    assert raw_item(ddb, "import:daily") is None
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"owner": {"S": "o"}, "version": {"S": "v"}, "lease_ms": {"N": "10000"}, "protocol": {"N": "2"}},
+        {"owner": {"S": "o"}, "version": {"S": "v"}, "lease_ms": {"S": "10000"}, "protocol": {"N": "1"}},
+        {"owner": {"S": "o"}, "version": {"S": "v"}, "lease_ms": {"N": "10000.5"}, "protocol": {"N": "1"}},
+        {"owner": {"S": "o"}, "version": {"S": "v"}, "lease_ms": {"N": "50"}, "protocol": {"N": "1"}},
+        {"owner": {"S": "o"}, "version": {"S": "v"}, "lease_ms": {"N": "10000"}},
+        {"owner": {"N": "1"}, "version": {"S": "v"}, "lease_ms": {"N": "10000"}, "protocol": {"N": "1"}},
+        {"version": {"S": "v"}, "lease_ms": {"N": "10000"}, "protocol": {"N": "1"}},
+        {"owner": {"S": "o"}, "version": {"S": "v"}, "lease_ms": {"N": "10000"}, "protocol": {"S": "1"}},
+    ],
+)
+def test_malformed_rows_fail_closed_and_are_never_taken_over(make_dynamodb, item):
+    clock = FakeClock()
+    client = make_dynamodb(clock=clock)
+    client.create_lock_table("locks")
+    stored = {"key": {"S": "k"}, **item}
+    client.boto3_client.put_item(TableName="locks", Item=stored)
+    with pytest.raises(MalformedLockRow):
+        with SyncDistributedLock(client, table="locks", key="k", wait_timeout=60):
+            pass
+    clock.advance(3600)
+    with pytest.raises(MalformedLockRow):
+        with SyncDistributedLock(client, table="locks", key="k", wait_timeout=0):
+            pass
+    assert raw_item(client) == stored
+
+
+def test_a_missing_table_fails_at_once_and_is_never_created(make_dynamodb):
+    clock = FakeClock()
+    client = make_dynamodb(clock=clock)
+    before = clock.monotonic_ns()
+    with pytest.raises(StoreRequestRejected, match="ResourceNotFoundException") as info:
+        with SyncDistributedLock(client, table="no_such_table", key="k", wait_timeout=30):
+            pass
+    assert clock.monotonic_ns() == before  # no waiting: retrying cannot create a table
+    assert info.value.key == "k"
+    assert client.lock_table_exists("no_such_table") is False
+
+
+def test_abandoned_row_is_taken_over_after_its_lease(make_dynamodb):
+    clock = FakeClock()
+    client = make_dynamodb(clock=clock)
+    client.create_lock_table("locks")
+    client.boto3_client.put_item(TableName="locks", Item={
+        "key": {"S": "k"}, "owner": {"S": "dead"}, "version": {"S": "v"},
+        "lease_ms": {"N": "5000"}, "protocol": {"N": "1"}})
+    start = clock.monotonic_ns()
+    with SyncDistributedLock(client, table="locks", key="k", wait_timeout=30) as lease:
+        assert clock.monotonic_ns() - start == 5_000_000_000
+        assert raw_item(client)["owner"] == {"S": lease.owner}
+    assert lease.metrics.write_requests == 3
+
+
+def test_contention_between_clients(make_dynamodb):
+    first = make_dynamodb()
+    first.create_lock_table("locks")
+    second = make_dynamodb()
+    with SyncDistributedLock(first, table="locks", key="k"):
+        with pytest.raises(LockNotAcquired):
+            with SyncDistributedLock(second, table="locks", key="k", wait_timeout=0):
+                pass
+
+
+def test_decorator_on_dynamodb(ddb):
+    @distributed_lock(ddb, table="locks", key="customer-sync:{customer_id}")
+    def synchronize_customer(customer_id: str) -> str:
+        assert raw_item(ddb, f"customer-sync:{customer_id}") is not None
+        return f"Updated {customer_id}"
+
+    assert synchronize_customer("123") == "Updated 123"
+
+
+# ---- constructors and configuration ---------------------------------------------------------------
+
+
+def test_constructor_forms(aws, core):
+    user = aws.client("dynamodb", config=Config(retries={"max_attempts": 7, "mode": "standard"}, read_timeout=42))
+    retries_before = dict(user.meta.config.retries)
+    from_client = DynamoDBClient(user, _core=core)
+    try:
+        assert from_client.boto3_client is user
+        assert from_client.region_name == REGION
+        from_client.create_lock_table("locks")
+        with SyncDistributedLock(from_client, table="locks", key="k", lease_duration=3):
+            pass
+        # the user's client keeps its own retries and timeouts
+        assert user.meta.config.retries == retries_before == {"total_max_attempts": 8, "mode": "standard"}
+        assert user.meta.config.read_timeout == 42
+        lock_clients = from_client._store.transport._clients
+        assert lock_clients, "the lock request went through a lock-only client"
+        for bucket, lock_client in lock_clients.items():
+            assert lock_client.meta.config.retries["total_max_attempts"] == 1
+            assert lock_client.meta.config.read_timeout == bucket <= 1.0  # min(lease/3, 5 s)
+    finally:
+        from_client.close()
+    with pytest.raises(ValueError, match="not both"):
+        DynamoDBClient(user, region_name=REGION)
+    with pytest.raises(TypeError, match="DynamoDB client"):
+        DynamoDBClient(aws.client("s3"))
+
+
+def test_endpoint_and_region_arguments(aws, core):
+    client = DynamoDBClient(session=aws, region_name="eu-west-1", _core=core)
+    try:
+        assert client.region_name == "eu-west-1"
+        assert "eu-west-1" in client.endpoint_url
+    finally:
+        client.close()
+
+
+def test_timeout_buckets_never_exceed_the_requested_timeout():
+    for timeout in (0.001, 0.05, 0.07, 0.33, 1.0, 4.99, 5.0, 30.0):
+        bucket = _bucket(timeout)
+        assert bucket in TIMEOUT_BUCKETS_S
+        assert bucket <= max(timeout, TIMEOUT_BUCKETS_S[0])
+    assert _bucket(30.0) == 5.0
+
+
+def test_import_fastlease_does_not_import_boto3():
+    probe = "import sys, fastlease; assert 'boto3' not in sys.modules and 'botocore' not in sys.modules; print('ok')"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "ok", result.stderr
+
+
+# ---- error classification (our transport interface, not a fake of boto3) ---------------------------
+
+
+class _FailingTransport:
+    def __init__(self, error):
+        self.error = error
+
+    def call(self, operation, params, timeout_s):
+        raise self.error
+
+
+class _Usage:
+    def add_capacity(self, rcu, wcu):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "outcome"),
+    [
+        ("ConditionalCheckFailedException", 400, False),
+        ("ProvisionedThroughputExceededException", 400, "not committed"),
+        ("ThrottlingException", 400, "not committed"),
+        ("InternalServerError", 500, "maybe committed"),
+        ("SomethingNew", 503, "maybe committed"),
+        ("AccessDeniedException", 400, "rejected"),
+        ("ValidationException", 400, "rejected"),
+    ],
+)
+def test_service_errors_are_classified(code, status, outcome):
+    store = DynamoDBStore(_FailingTransport(ServiceError(code, "m", status)))
+    call = lambda: store.put_if_absent("locks", "k", "o", "v", 1000, 1.0, _Usage())  # noqa: E731
+    if outcome is False:
+        assert call() is False
+    elif outcome == "rejected":
+        with pytest.raises(StoreRequestRejected):
+            call()
+    else:
+        with pytest.raises(StoreError) as info:
+            call()
+        assert info.value.maybe_committed is (outcome == "maybe committed")
+
+
+# ---- transactions -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def results_table(ddb):
+    ddb.boto3_client.create_table(
+        TableName="import_results",
+        AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"}],
+        KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    return "import_results"
+
+
+def result_item(client, job_id="daily"):
+    return client.boto3_client.get_item(TableName="import_results", Key={"job_id": {"S": job_id}}).get("Item")
+
+
+def test_check_in_commits_with_the_lease(ddb, results_table):
+    with SyncDistributedLock(ddb, table="locks", key="import:daily") as lease:
+        with SyncTransaction(ddb) as tx:
+            lease.check_in(tx)
+            tx.put("import_results", {"job_id": "daily", "summary": "Imported 100 rows", "rows": 100})
+    assert result_item(ddb) == {"job_id": {"S": "daily"}, "summary": {"S": "Imported 100 rows"}, "rows": {"N": "100"}}
+    assert lease.metrics.write_requests == 2
+
+
+def test_commit_after_takeover_is_rejected_as_lock_lost(ddb, results_table):
+    with pytest.raises(LockLost):  # the exit finds the row taken as well
+        with SyncDistributedLock(ddb, table="locks", key="import:daily") as lease:
+            tx = SyncTransaction(ddb)
+            lease.check_in(tx)
+            tx.put("import_results", {"job_id": "daily", "summary": "stale"})
+            ddb.boto3_client.update_item(  # another owner takes the row meanwhile
+                TableName="locks", Key={"key": {"S": "import:daily"}},
+                UpdateExpression="SET #o = :o", ExpressionAttributeNames={"#o": "owner"},
+                ExpressionAttributeValues={":o": {"S": "thief"}})
+            with pytest.raises(LockLost) as info:
+                tx.commit()
+            assert info.value.cause == "stolen"
+            assert isinstance(info.value.__cause__, TransactionCanceled)
+            assert info.value.__cause__.failed_items[0][:3] == (0, "ConditionCheck", "locks")
+    assert result_item(ddb) is None
+
+
+def test_a_failed_user_condition_names_the_item(ddb, results_table):
+    with SyncDistributedLock(ddb, table="locks", key="import:daily") as lease:
+        tx = SyncTransaction(ddb)
+        lease.check_in(tx)
+        tx.put("import_results", {"job_id": "a", "n": 1})
+        tx.put("import_results", {"job_id": "b"}, condition="attribute_exists(job_id)")
+        with pytest.raises(TransactionCanceled) as info:
+            tx.commit()
+    assert info.value.failed_items == [(2, "Put", "import_results", {"job_id": "b"}, "ConditionalCheckFailed")]
+    assert "item 2 (Put on import_results" in str(info.value)
+    assert result_item(ddb, "a") is None
+
+
+def test_check_in_rules(ddb, make_dynamodb, results_table):
+    other = make_dynamodb()
+    with SyncDistributedLock(ddb, table="locks", key="k") as lease:
+        with pytest.raises(ValueError, match="another client"):
+            lease.check_in(SyncTransaction(other))
+        tx = SyncTransaction(ddb)
+        tx.update("locks", {"key": "k"}, "SET x = :x", values={":x": 1})
+        with pytest.raises(ValueError, match="lock item"):
+            lease.check_in(tx)
+        tx = SyncTransaction(ddb)
+        lease.check_in(tx)
+        with pytest.raises(ValueError, match="already checked in"):
+            lease.check_in(tx)
+        with pytest.raises(ValueError, match="lock item"):
+            tx.delete("locks", {"key": "k"})
+        with pytest.raises(TypeError, match="Transaction"):
+            lease.check_in(object())
+
+
+def test_check_in_raises_lock_lost_when_not_valid(make_dynamodb):
+    clock = FakeClock()
+    client = make_dynamodb(clock=clock)
+    client.create_lock_table("locks")
+    with SyncDistributedLock(client, table="locks", key="k", lease_duration=3) as lease:
+        clock.jump_wall(-1)  # a backwards wall jump: validity ends
+        with pytest.raises(LockLost):
+            lease.check_in(SyncTransaction(client))
+
+
+def test_condition_check_item_for_a_hand_built_transaction(ddb, results_table):
+    with SyncDistributedLock(ddb, table="locks", key="k") as lease:
+        item = lease.condition_check_item()
+        assert item["ConditionCheck"]["ExpressionAttributeValues"] == {":owner": {"S": lease.owner}}
+        ddb.boto3_client.transact_write_items(TransactItems=[
+            item, {"Put": {"TableName": "import_results", "Item": {"job_id": {"S": "hand"}}}}])
+    assert result_item(ddb, "hand") == {"job_id": {"S": "hand"}}
+
+
+def test_empty_transaction_sends_nothing_and_commits_once(ddb):
+    tx = SyncTransaction(ddb)
+    with tx:
+        pass
+    with pytest.raises(RuntimeError, match="already committed"):
+        tx.commit()
