@@ -42,6 +42,7 @@ def dynamodb_mock_store() -> Iterator[Any]:
         session = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
                                         region_name="us-east-1")
         client = DynamoDBClient(session=session)
+        assert client.transport == "fast"  # answered in-process through before-send
         for table in ("locks", "other"):
             client.create_lock_table(table)
         try:
@@ -51,12 +52,14 @@ def dynamodb_mock_store() -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def dynamodb_server_store(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """DynamoDB through boto3 against the serialised moto server in another process."""
+def dynamodb_server_store(request: pytest.FixtureRequest, fast_path: bool = True) -> Iterator[Any]:
+    """DynamoDB against the serialised moto server in another process."""
     from fastlease.dynamodb import DynamoDBClient
 
     endpoint = request.getfixturevalue("moto_endpoint")
-    client = DynamoDBClient(session=request.getfixturevalue("moto_session"), endpoint_url=endpoint)
+    client = DynamoDBClient(session=request.getfixturevalue("moto_session"), endpoint_url=endpoint,
+                            fast_path=fast_path)
+    assert client.transport == ("fast" if fast_path else "boto3")
     for table in ("locks", "other"):
         if client.lock_table_exists(table):
             client.boto3_client.delete_table(TableName=table)
@@ -72,6 +75,7 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "memory": lambda request: memory_store(),
     "dynamodb-mock": lambda request: dynamodb_mock_store(),
     "dynamodb-server": dynamodb_server_store,
+    "dynamodb-server-boto3": lambda request: dynamodb_server_store(request, fast_path=False),
 }
 #: In-process moto (mock_aws) does not make a conditional write atomic against concurrent threads
 #: (moto's limitation, not the adapter's), so the race test runs where the store itself is atomic.

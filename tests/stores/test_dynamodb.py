@@ -25,13 +25,20 @@ def aws():
         yield boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION)
 
 
+@pytest.fixture(params=["fast", "boto3"])
+def transport(request):
+    return request.param
+
+
 @pytest.fixture
-def make_dynamodb(aws, core):
+def make_dynamodb(aws, core, transport):
     clients = []
 
     def build(**kwargs):
         kwargs.setdefault("session", aws)
+        kwargs.setdefault("fast_path", transport == "fast")
         client = DynamoDBClient(_core=core, **kwargs)
+        assert client.transport == transport
         clients.append(client)
         return client
 
@@ -144,7 +151,7 @@ def test_decorator_on_dynamodb(ddb):
 def test_constructor_forms(aws, core):
     user = aws.client("dynamodb", config=Config(retries={"max_attempts": 7, "mode": "standard"}, read_timeout=42))
     retries_before = dict(user.meta.config.retries)
-    from_client = DynamoDBClient(user, _core=core)
+    from_client = DynamoDBClient(user, fast_path=False, _core=core)
     try:
         assert from_client.boto3_client is user
         assert from_client.region_name == REGION
@@ -163,8 +170,23 @@ def test_constructor_forms(aws, core):
         from_client.close()
     with pytest.raises(ValueError, match="not both"):
         DynamoDBClient(user, region_name=REGION)
+    with pytest.raises(TypeError, match="fast_path must be True or False"):
+        DynamoDBClient(user, fast_path="yes")
     with pytest.raises(TypeError, match="DynamoDB client"):
         DynamoDBClient(aws.client("s3"))
+
+
+def test_fast_path_is_the_default_and_falls_back_where_it_cannot_serve(aws, core, monkeypatch):
+    default = DynamoDBClient(session=aws, _core=core)
+    proxied = DynamoDBClient(aws.client("dynamodb", config=Config(proxies={"https": "http://127.0.0.1:9"})), _core=core)
+    fips = DynamoDBClient(aws.client("dynamodb", config=Config(use_fips_endpoint=True)), _core=core)
+    try:
+        assert default.transport == "fast"
+        assert proxied.transport == "boto3"
+        assert fips.transport == "boto3"
+    finally:
+        for client in (default, proxied, fips):
+            client.close()
 
 
 def test_endpoint_and_region_arguments(aws, core):

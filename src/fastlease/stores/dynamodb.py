@@ -89,6 +89,14 @@ def _import_boto3() -> Any:
     return boto3
 
 
+def _user_agent() -> str:
+    import platform
+
+    from .. import __version__
+
+    return f"fastlease/{__version__} Python/{platform.python_version()}"
+
+
 def _bucket(timeout_s: float) -> float:
     chosen = TIMEOUT_BUCKETS_S[0]
     for bucket in TIMEOUT_BUCKETS_S:
@@ -290,9 +298,15 @@ class DynamoDBClient(LeaseClient):
     ``DynamoDBClient()`` uses boto3's default session and the normal AWS configuration chain
     (``AWS_ENDPOINT_URL`` included); ``DynamoDBClient(boto3_client)`` uses an existing client's
     Region, endpoint and credentials; ``DynamoDBClient(session=..., endpoint_url=..., region_name=...)``
-    builds from a session. Lock requests use separate lock-only clients with SDK retries off and
-    per-request timeouts of at most min(lease/3, 5 s); your own client's configuration is untouched.
-    Lock operations never create tables: see :meth:`create_lock_table`.
+    builds from a session. Lock requests never use SDK retries and have per-request timeouts of at
+    most min(lease/3, 5 s); your own client's configuration is untouched.
+
+    ``fast_path=True`` (the default) sends the lock's own requests through fastlease's request path
+    (cached-key SigV4, keep-alive sockets, moto's ``mock_aws`` still honoured). ``fast_path=False``
+    uses plain boto3 lock clients: choose it with botocore's Stubber, tracing wrappers around
+    botocore, or anything else that must see every request; proxies, client certificates and FIPS or
+    dual-stack endpoints select it automatically. Lock operations never create tables: see
+    :meth:`create_lock_table`.
     """
 
     def __init__(
@@ -302,6 +316,7 @@ class DynamoDBClient(LeaseClient):
         session: Any = None,
         endpoint_url: Optional[str] = None,
         region_name: Optional[str] = None,
+        fast_path: bool = True,
         clock: Optional[Any] = None,
         **engine: Any,
     ) -> None:
@@ -315,9 +330,31 @@ class DynamoDBClient(LeaseClient):
             boto3_client.meta.service_model.service_name != "dynamodb"
         ):
             raise TypeError(f"boto3_client must be a boto3 DynamoDB client, got {type(boto3_client).__name__}")
+        if type(fast_path) is not bool:
+            raise TypeError(f"fast_path must be True or False, got {fast_path!r}")
         self.boto3_client = boto3_client
-        store = DynamoDBStore(Boto3Transport(self._lock_client_factory()))
-        super().__init__(store, clock=clock, **engine)
+        transport: Any = None
+        if fast_path:
+            from ._fastpath import FastPathUnavailable, FastTransport
+
+            try:
+                transport = FastTransport(boto3_client, _user_agent())
+            except FastPathUnavailable as reason:
+                _log.debug("lock requests use plain boto3: %s", reason)
+        if transport is None:
+            transport = Boto3Transport(self._lock_client_factory())
+        super().__init__(DynamoDBStore(transport), clock=clock, **engine)
+
+    @property
+    def transport(self) -> str:
+        """``"fast"`` for fastlease's own request path, ``"boto3"`` for plain boto3 lock clients."""
+        return str(self._store.transport.name)
+
+    def close(self) -> None:
+        super().close()
+        close = getattr(self._store.transport, "close", None)
+        if close is not None:
+            close()
 
     @property
     def region_name(self) -> str:
