@@ -35,6 +35,7 @@ import logging
 import os
 import queue
 import signal
+import socketserver
 import subprocess
 import sys
 import tempfile
@@ -127,12 +128,105 @@ def _load_moto() -> Any:
     """Import moto's server pieces (slow, and only needed in the server process)."""
     try:
         from moto.moto_server import werkzeug_app
-        from werkzeug.serving import make_server
     except ImportError as error:
         raise ImportError(
             f"fastlease.testing_moto needs moto's server mode ({error}); install: {INSTALL_HINT}"
         ) from error
-    return werkzeug_app, make_server
+    return werkzeug_app
+
+
+class _KeepAliveHandler(socketserver.StreamRequestHandler):
+    """HTTP/1.1 with keep-alive, as real DynamoDB endpoints behave.
+
+    werkzeug's development server always answers ``Connection: close``, which would make every client
+    open a TCP connection per request and leave the clients' connection reuse (and the ambiguity of a
+    request sent on a connection the server has dropped) untested. Requests are small and carry a
+    Content-Length (every AWS SDK sends one for DynamoDB), so a minimal parser is enough.
+    """
+
+    def handle(self) -> None:
+        while True:
+            request_line = self.rfile.readline(65537)
+            if not request_line:
+                return
+            if request_line in (b"\r\n", b"\n"):
+                continue
+            method, target, version = request_line.decode("latin-1").rstrip("\r\n").split(" ", 2)
+            headers: dict[str, str] = {}
+            for _ in range(200):
+                line = self.rfile.readline(65537)
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                name, _, value = line.decode("latin-1").partition(":")
+                key = name.strip().lower()
+                headers[key] = f"{headers[key]},{value.strip()}" if key in headers else value.strip()
+            body = self.rfile.read(int(headers.get("content-length") or 0))
+            close = version != "HTTP/1.1" or headers.get("connection", "").lower() == "close"
+            status, response_headers, payload = self._call_app(method, target, headers, body)
+            head = [f"HTTP/1.1 {status}"]
+            head += [f"{name}: {value}" for name, value in response_headers
+                     if name.lower() not in ("content-length", "connection", "transfer-encoding")]
+            head += [f"Content-Length: {len(payload)}", f"Connection: {'close' if close else 'keep-alive'}"]
+            self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload)
+            self.wfile.flush()
+            if close:
+                return
+
+    def _call_app(self, method: str, target: str, headers: dict[str, str], body: bytes) -> tuple[str, list, bytes]:
+        path, _, query = target.partition("?")
+        host, port = self.server.server_address[:2]
+        environ: dict[str, Any] = {
+            "REQUEST_METHOD": method,
+            "SCRIPT_NAME": "",
+            "PATH_INFO": path,
+            "QUERY_STRING": query,
+            "SERVER_NAME": host,
+            "SERVER_PORT": str(port),
+            "SERVER_PROTOCOL": "HTTP/1.1",
+            "REMOTE_ADDR": self.client_address[0],
+            "CONTENT_TYPE": headers.get("content-type", ""),
+            "CONTENT_LENGTH": str(len(body)),
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(body),
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+        }
+        for name, value in headers.items():
+            if name not in ("content-type", "content-length"):
+                environ["HTTP_" + name.upper().replace("-", "_")] = value
+        started: list[Any] = []
+
+        def start_response(status: str, response_headers: list, exc_info: Any = None) -> Callable[[bytes], None]:
+            started[:] = [status, response_headers]
+            return chunks.append
+
+        chunks: list[bytes] = []
+        result = self.server.app(environ, start_response)  # type: ignore[attr-defined]
+        try:
+            chunks.extend(result)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+        return started[0], started[1], b"".join(chunks)
+
+
+class KeepAliveWSGIServer(socketserver.ThreadingTCPServer):
+    """A threaded HTTP/1.1 keep-alive server for one WSGI app (moto's, serialised)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], app: Any) -> None:
+        self.app = app
+        super().__init__(address, _KeepAliveHandler)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
 
 
 class _Stop(Exception):
@@ -153,7 +247,7 @@ def serve(
     is listening. With ``parent_pid``, the server also stops when that process goes away.
     """
     _check_host(host)
-    werkzeug_app, make_server = _load_moto()
+    werkzeug_app = _load_moto()
     if not verbose:
         # One access-log line per request would flood a piped stderr; keep warnings and errors.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
@@ -161,9 +255,9 @@ def serve(
     # The same factory pair moto's own ``moto_server`` and ThreadedMotoServer use: a dispatcher that builds
     # one Flask app per AWS service on demand. We wrap the dispatcher, so every service is serialised.
     app = SerialisedWSGIApp(werkzeug_app.DomainDispatcherApplication(werkzeug_app.create_backend_app))
-    server = make_server(host, port, app, threaded=True, request_handler=werkzeug_app.MotoRequestHandler)
+    server = KeepAliveWSGIServer((host, port), app)
     # Some moto services build URLs (e.g. SQS queue URLs) from MOTO_PORT, as moto_server sets it.
-    os.environ.setdefault("MOTO_PORT", str(server.port))
+    os.environ.setdefault("MOTO_PORT", str(server.port))  # noqa: SIM112
 
     def on_signal(signum: int, frame: Any) -> None:
         raise _Stop(signum)
@@ -173,7 +267,7 @@ def serve(
         _start_parent_watchdog(parent_pid)
     stream = ready_stream if ready_stream is not None else sys.stdout
     try:
-        # make_server has already bound and listened, so clients that connect now simply queue.
+        # The server has already bound and listened, so clients that connect now simply queue.
         stream.write(f"{READY_PREFIX}http://{host}:{server.port}\n")
         stream.flush()
         server.serve_forever(poll_interval=0.2)
