@@ -417,6 +417,37 @@ class DynamoDBClient(LeaseClient):
             return False
         return True
 
+    # ---- pydynox-style helpers, so the reference's examples run with only their imports changed ----
+    def sync_table_exists(self, name: str) -> bool:
+        """Any table (not only lock tables): True if it exists."""
+        return self.lock_table_exists(name)
+
+    def sync_create_table(self, name: str, *, partition_key: tuple[str, str], wait: bool = True) -> None:
+        """Create an on-demand table with a single partition key, e.g. ``partition_key=("job_id", "S")``."""
+        self._core.check_table(name)
+        attribute, attribute_type = partition_key
+        if attribute_type not in ("S", "N", "B"):
+            raise ValueError(f"partition key type must be 'S', 'N' or 'B', got {attribute_type!r}")
+        self.boto3_client.create_table(
+            TableName=name,
+            AttributeDefinitions=[{"AttributeName": attribute, "AttributeType": attribute_type}],
+            KeySchema=[{"AttributeName": attribute, "KeyType": "HASH"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        if wait:
+            self.boto3_client.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1})
+
+    def sync_get_item(self, table: str, key: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """A strongly consistent read of one item, as plain Python values (None if absent)."""
+        from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+        serializer, deserializer = TypeSerializer(), TypeDeserializer()
+        response = self.boto3_client.get_item(
+            TableName=table, Key={name: serializer.serialize(value) for name, value in key.items()}, ConsistentRead=True
+        )
+        item = response.get("Item")
+        return None if item is None else {name: deserializer.deserialize(value) for name, value in item.items()}
+
     # ---- transactions ------------------------------------------------------------------------
     def _check_in(self, lease: Any, transaction: Any) -> None:
         from ..dynamodb import SyncTransaction, Transaction
