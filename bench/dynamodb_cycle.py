@@ -14,7 +14,7 @@ import platform
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import boto3
 
