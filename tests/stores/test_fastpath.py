@@ -83,6 +83,12 @@ class ScriptedServer:
                     if answer == b"":
                         self.stop.wait(10)
                         break
+                    if isinstance(answer, list):  # trickle: one piece every 0.1 s
+                        for piece in answer:
+                            conn.sendall(piece)
+                            if self.stop.wait(0.1):
+                                break
+                        continue
                     conn.sendall(answer)
 
     def close(self) -> None:
@@ -166,6 +172,15 @@ def test_a_timeout_after_sending_may_have_committed(scripted):
     with pytest.raises(StoreError) as info:
         transport_for(server.port).call(*GET, 0.2)
     assert info.value.maybe_committed is True
+
+
+def test_a_trickling_response_cannot_stretch_the_request_timeout(scripted):
+    whole = response()
+    server = scripted(lambda n: [whole[i:i + 1] for i in range(len(whole))])  # ~0.1 s per byte
+    with pytest.raises(StoreError) as info:
+        transport_for(server.port).call(*GET, 0.35)
+    assert info.value.maybe_committed is True
+    assert "deadline" in str(info.value)
 
 
 def test_a_stale_keep_alive_connection_is_ambiguous_then_replaced(scripted):

@@ -59,7 +59,17 @@ class _Connection:
         self.buffer = bytearray()
 
 
-def _read_response(connection: _Connection) -> tuple[int, bytes, bool]:
+def _recv(sock: socket.socket, deadline: float) -> bytes:
+    """One recv bounded by the request's overall deadline, so a trickling server cannot stretch a
+    request past its timeout by sending a byte at a time."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise socket.timeout("request deadline passed")
+    sock.settimeout(remaining)
+    return sock.recv(65536)
+
+
+def _read_response(connection: _Connection, deadline: float) -> tuple[int, bytes, bool]:
     """Read one HTTP/1.1 response: (status, body, keep_alive). Raises OSError or ValueError."""
     sock = connection.sock
     buffer = connection.buffer
@@ -69,7 +79,7 @@ def _read_response(connection: _Connection) -> tuple[int, bytes, bool]:
             break
         if len(buffer) > 65536:
             raise ValueError("response headers too large")
-        chunk = sock.recv(65536)
+        chunk = _recv(sock, deadline)
         if not chunk:
             raise ConnectionError("connection closed before the response headers")
         buffer += chunk
@@ -93,11 +103,11 @@ def _read_response(connection: _Connection) -> tuple[int, bytes, bool]:
         elif name == "connection":
             keep_alive = value.strip().lower() == "keep-alive" or (keep_alive and value.strip().lower() != "close")
     if chunked:
-        return status, _read_chunked(sock, buffer), keep_alive
+        return status, _read_chunked(sock, buffer, deadline), keep_alive
     if length < 0:
         # No length: the body runs to the end of the connection, which cannot be reused.
         while True:
-            chunk = sock.recv(65536)
+            chunk = _recv(sock, deadline)
             if not chunk:
                 break
             buffer += chunk
@@ -109,7 +119,7 @@ def _read_response(connection: _Connection) -> tuple[int, bytes, bool]:
     if length > MAX_RESPONSE_BYTES:
         raise ValueError("response too large")
     while len(buffer) < length:
-        chunk = sock.recv(max(65536, length - len(buffer)))
+        chunk = _recv(sock, deadline)
         if not chunk:
             raise ConnectionError("connection closed inside the response body")
         buffer += chunk
@@ -118,11 +128,11 @@ def _read_response(connection: _Connection) -> tuple[int, bytes, bool]:
     return status, body, keep_alive
 
 
-def _read_chunked(sock: socket.socket, buffer: bytearray) -> bytes:
+def _read_chunked(sock: socket.socket, buffer: bytearray, deadline: float) -> bytes:
     body = bytearray()
     while True:
         while b"\r\n" not in buffer:
-            chunk = sock.recv(65536)
+            chunk = _recv(sock, deadline)
             if not chunk:
                 raise ConnectionError("connection closed inside a chunked body")
             buffer += chunk
@@ -130,7 +140,7 @@ def _read_chunked(sock: socket.socket, buffer: bytearray) -> bytes:
         size = int(bytes(buffer[:line_end]).split(b";")[0].strip() or b"0", 16)
         del buffer[: line_end + 2]
         while len(buffer) < size + 2:
-            chunk = sock.recv(65536)
+            chunk = _recv(sock, deadline)
             if not chunk:
                 raise ConnectionError("connection closed inside a chunk")
             buffer += chunk
@@ -251,10 +261,11 @@ class FastTransport:
                 connection = self._connect(timeout_s)
             except OSError as error:
                 raise StoreError(f"DynamoDB {operation} not sent: {error!r}", maybe_committed=False) from error
+        deadline = time.monotonic() + timeout_s
         try:
             connection.sock.settimeout(timeout_s)
             connection.sock.sendall(message)
-            status, payload, keep_alive = _read_response(connection)
+            status, payload, keep_alive = _read_response(connection, deadline)
         except (OSError, ValueError) as error:
             # Bytes may have reached the server (even on a keep-alive connection it had closed): the
             # write's outcome is unknown, so it must be reconciled.
