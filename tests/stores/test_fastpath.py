@@ -180,7 +180,6 @@ def test_a_trickling_response_cannot_stretch_the_request_timeout(scripted):
     with pytest.raises(StoreError) as info:
         transport_for(server.port).call(*GET, 0.35)
     assert info.value.maybe_committed is True
-    assert "deadline" in str(info.value)
 
 
 def test_a_stale_keep_alive_connection_is_ambiguous_then_replaced(scripted):
