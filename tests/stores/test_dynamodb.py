@@ -356,3 +356,31 @@ def test_empty_transaction_sends_nothing_and_commits_once(ddb):
         pass
     with pytest.raises(RuntimeError, match="already committed"):
         tx.commit()
+
+
+def test_default_constructor_honours_the_aws_configuration_chain(moto_endpoint, monkeypatch, core):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-central-1")
+    client = DynamoDBClient(_core=core)
+    try:
+        assert client.endpoint_url == moto_endpoint
+        assert client.region_name == "eu-central-1"
+        table = f"chain_{core.IMPLEMENTATION}"
+        if not client.lock_table_exists(table):
+            client.create_lock_table(table)
+        with SyncDistributedLock(client, table=table, key="k") as lease:
+            assert lease.state == "held"
+    finally:
+        client.close()
+
+
+def test_missing_boto3_names_the_extra_to_install():
+    probe = (
+        "import sys; sys.modules['boto3'] = None\n"
+        "from fastlease import DynamoDBClient\n"
+        "try:\n    DynamoDBClient()\nexcept ImportError as error:\n    print(error)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert "pip install 'fastlease[dynamodb]'" in result.stdout, result.stderr
