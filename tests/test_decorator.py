@@ -72,16 +72,6 @@ def test_generators_and_async_generators_are_rejected(make_client):
         lock(agen)
 
 
-def test_async_functions_are_refused_until_the_async_api_exists(make_client, faults):
-    lock = distributed_lock(make_client(), table="locks", key="job")
-
-    async def job() -> None: ...
-
-    with pytest.raises(TypeError, match="async def"):
-        lock(job)
-    assert sum(faults.calls.values()) == 0
-
-
 def test_decoration_makes_no_requests_and_validates_early(make_client, faults):
     client = make_client()
     with pytest.raises(ValueError, match="lease_duration"):

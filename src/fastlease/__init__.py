@@ -7,12 +7,14 @@ for every store.
 from __future__ import annotations
 
 from ._impl import IMPLEMENTATION
+from .aio import DistributedLock
 from .decorator import distributed_lock
 from .exceptions import FastleaseError, LockLost, LockNotAcquired, LockReleaseError
 from .lock import LeaseMetrics, SyncDistributedLock
 from .stores.memory import MemoryClient, MemoryStore
 
 __all__ = [
+    "DistributedLock",
     "DynamoDBClient",
     "IMPLEMENTATION",
     "FastleaseError",

@@ -490,6 +490,8 @@ cdef class Lease:
     cdef int64_t _renew_at_ns
     cdef int64_t _hint_ns
     cdef bint _row_seen  # the last attempt found the key held; caller only
+    # Set by cancel() from any thread (an async task was cancelled); read by the caller's thread.
+    cdef bint _cancelled
     # Caller-thread counters.
     cdef int64_t _writes, _reads, _conditional_failures, _request_failures
     cdef int64_t _wait_timeouts, _cleanup_failures, _wait_ns
@@ -561,6 +563,19 @@ cdef class Lease:
         self._scheduler.cancel(self)
         _log.warning("lease lost: table=%s key=%r cause=%s", self.table, self.key, cause)
         return True
+
+    def note_stolen(self):
+        """The store proved another owner has the row (a failed release, a rejected check_in): the
+        lease is lost with cause ``stolen``, even if it had already lapsed locally as ``expired``."""
+        cdef bint was_held
+        with self._mutex:
+            was_held = self.state == HELD_
+            if self.state == HELD_ or self.state == LOST_ or self.state == RELEASING_ or self.state == RELEASED_:
+                self.state = LOST_
+                self.lost_cause = "stolen"
+        if was_held:
+            self._scheduler.cancel(self)
+            _log.warning("lease lost: table=%s key=%r cause=stolen", self.table, self.key)
 
     # ---- public state ----------------------------------------------------------------------------
     @property
@@ -645,19 +660,29 @@ cdef class Lease:
                     delay_ns = <int64_t>(backoff_ns * (0.5 + _random()))
                     backoff_ns = min(backoff_ns * 2, POLL_INTERVAL_MS * 5 * NS_PER_MS)
                 remaining_ns = deadline_ns - self._mono()
-                if self.wait_ms == 0 or remaining_ns <= 0:
+                if self.wait_ms == 0 or remaining_ns <= 0 or self._cancelled:
                     break
                 # A wait that would cross the deadline is cut to it, then one last attempt is made.
                 self._signals.wait(self._clock, self._cache_key, min(delay_ns, remaining_ns) / 1e9)
+                if self._cancelled:
+                    break
         except BaseException:
             self._fail_acquisition(start_ns)
             raise
-        self._wait_timeouts += 1
         self._fail_acquisition(start_ns)
+        if self._cancelled:
+            raise LockNotAcquired(f"acquisition of {self.key!r} in table {self.table!r} was cancelled", key=self.key)
+        self._wait_timeouts += 1
         raise LockNotAcquired(
             f"lease on {self.key!r} in table {self.table!r} not acquired within {self.wait_ms / 1000:g}s",
             key=self.key,
         ) from last_error
+
+    def cancel(self):
+        """Give up an acquisition from any thread. The waiting stops at its next step, and a write
+        confirmed after this is deleted rather than held. No effect once the lease is held."""
+        self._cancelled = True
+        self._signals.notify(self._cache_key)
 
     cdef _fail_acquisition(self, int64_t start_ns):
         """The acquisition is abandoned (budget spent, error, interrupt): leave nothing behind."""
@@ -787,7 +812,7 @@ cdef class Lease:
             if self.state != ACQUIRING_:
                 return False  # a late success never revives a failed or cancelled guard
             self._set_validity(mono_ns, wall_ns)
-            stale = not self._valid_at(now_mono, now_wall)
+            stale = self._cancelled or not self._valid_at(now_mono, now_wall)
             if not stale:
                 self.owner = owner
                 self.version = version
@@ -898,10 +923,7 @@ cdef class Lease:
             self._signals.notify(self._cache_key)
             return
         # The row was not ours any more: someone took over (or removed it). Fail closed.
-        with self._mutex:
-            if self.lost_cause is None:
-                self.lost_cause = "stolen"
-                self.state = LOST_
+        self.note_stolen()
         cause = self.lost_cause
         raise LockLost(f"lease on {self.key!r} was lost before release: {cause}", key=self.key, cause=cause)
 

@@ -416,6 +416,8 @@ class Lease:
         self._renew_at_ns = 0  # due time of the live heap entry; 0 when unscheduled (under scheduler lock)
         self._hint_ns = 0  # how long the last failed attempt suggests waiting; caller only
         self._row_seen = False  # the last attempt found the key held; caller only
+        # Set by cancel() from any thread (an async task was cancelled); read by the caller's thread.
+        self._cancelled = False
         # Caller-thread counters.
         self._writes = 0
         self._reads = 0
@@ -467,6 +469,18 @@ class Lease:
         self._client._scheduler.cancel(self)
         _log.warning("lease lost: table=%s key=%r cause=%s", self.table, self.key, cause)
         return True
+
+    def note_stolen(self) -> None:
+        """The store proved another owner has the row (a failed release, a rejected check_in): the
+        lease is lost with cause ``stolen``, even if it had already lapsed locally as ``expired``."""
+        with self._mutex:
+            was_held = self.state == HELD
+            if self.state in (HELD, LOST, RELEASING, RELEASED):
+                self.state = LOST
+                self.lost_cause = "stolen"
+        if was_held:
+            self._client._scheduler.cancel(self)
+            _log.warning("lease lost: table=%s key=%r cause=stolen", self.table, self.key)
 
     # ---- public state ----------------------------------------------------------------------
     @property
@@ -553,19 +567,30 @@ class Lease:
                     delay_ns = int(backoff_ns * (0.5 + random.random()))
                     backoff_ns = min(backoff_ns * 2, POLL_INTERVAL_MS * 5 * _NS_PER_MS)
                 remaining_ns = deadline_ns - clock.monotonic_ns()
-                if self.wait_ms == 0 or remaining_ns <= 0:
+                if self.wait_ms == 0 or remaining_ns <= 0 or self._cancelled:
                     break
                 # A wait that would cross the deadline is cut to it, then one last attempt is made.
                 self._client._release_signals.wait(clock, self._cache_key, min(delay_ns, remaining_ns) / 1e9)
+                if self._cancelled:
+                    break
         except BaseException:
             self._fail_acquisition(start_ns)
             raise
-        self._wait_timeouts += 1
         self._fail_acquisition(start_ns)
+        if self._cancelled:
+            raise LockNotAcquired(f"acquisition of {self.key!r} in table {self.table!r} was cancelled", key=self.key)
+        self._wait_timeouts += 1
         raise LockNotAcquired(
             f"lease on {self.key!r} in table {self.table!r} not acquired within {self.wait_ms / 1000:g}s",
             key=self.key,
         ) from last_error
+
+    def cancel(self) -> None:
+        """Give up an acquisition from any thread. The waiting stops at its next step, and a write
+        confirmed after this is deleted rather than held: a late success never revives a cancelled
+        guard. No effect once the lease is held (release it instead)."""
+        self._cancelled = True
+        self._client._release_signals.notify(self._cache_key)
 
     def _fail_acquisition(self, start_ns: int) -> None:
         """The acquisition is abandoned (budget spent, error, interrupt): leave nothing behind."""
@@ -688,15 +713,15 @@ class Lease:
     def _confirm(self, owner: str, version: str, mono_ns: int, wall_ns: int) -> bool:
         """A write of ours is confirmed: HELD with validity from the stamp taken before the write.
 
-        A confirmation that arrives after that validity ended (a very slow response) does not count:
-        the row is ours, so it is deleted, and the attempt reports contention.
+        A confirmation that arrives after that validity ended (a very slow response), or after the
+        acquisition was cancelled, does not count: the row is ours, so it is deleted.
         """
         clock = self._clock
         with self._mutex:
             if self.state != ACQUIRING:
                 return False  # a late success never revives a failed or cancelled guard
             self._set_validity(mono_ns, wall_ns)
-            if not self._valid_at(clock.monotonic_ns(), clock.time_ns()):
+            if self._cancelled or not self._valid_at(clock.monotonic_ns(), clock.time_ns()):
                 stale = True
             else:
                 stale = False
@@ -806,10 +831,7 @@ class Lease:
             self._client._release_signals.notify(self._cache_key)
             return
         # The row was not ours any more: someone took over (or removed it). Fail closed.
-        with self._mutex:
-            if self.lost_cause is None:
-                self.lost_cause = "stolen"
-                self.state = LOST
+        self.note_stolen()
         cause = self.lost_cause
         raise LockLost(f"lease on {self.key!r} was lost before release: {cause}", key=self.key, cause=cause)
 

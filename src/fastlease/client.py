@@ -7,10 +7,14 @@ waiters at once. Create one client per process and store, inside the worker proc
 
 from __future__ import annotations
 
+import threading
 from types import ModuleType
 from typing import Any, Optional
 
 from . import _impl
+
+#: Concurrent blocking steps (acquire waits, releases) the async API runs per client.
+ASYNC_WORKERS = 64
 
 
 class LeaseClient:
@@ -25,6 +29,8 @@ class LeaseClient:
         self._observations = core.ObservationCache(core.OBSERVATION_CACHE_SIZE)
         self._scheduler = core.RenewalScheduler(self._clock)
         self._release_signals = core.ReleaseSignals()
+        self._executor: Optional[Any] = None  # the async API's worker threads, made on first use
+        self._executor_lock = threading.Lock()
 
     @property
     def implementation(self) -> str:
@@ -38,9 +44,22 @@ class LeaseClient:
             "use lease.raise_if_lost() for a local check"
         )
 
+    def _async_executor(self) -> Any:
+        """The bounded thread pool the async API runs blocking steps on (not the loop's default pool,
+        which lock waits could starve). One per client; threads are made as needed."""
+        if self._executor is None:
+            with self._executor_lock:
+                if self._executor is None:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    self._executor = ThreadPoolExecutor(max_workers=ASYNC_WORKERS, thread_name_prefix="fastlease-async")
+        return self._executor
+
     def close(self) -> None:
         """Stop the renewal thread. Leases still held lapse locally; their rows are recovered by others."""
         self._scheduler.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
 
     def __enter__(self) -> "LeaseClient":
         return self

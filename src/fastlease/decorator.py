@@ -114,7 +114,11 @@ def _sync_wrapper(fn: F, spec: _LockSpec) -> F:
 
 
 def _async_wrapper(fn: F, spec: _LockSpec) -> F:
-    raise TypeError(
-        f"distributed_lock does not support async def functions yet ({fn.__qualname__}); "
-        "wrap a def function"
-    )
+    from .aio import DistributedLock
+
+    @functools.wraps(fn)
+    async def locked(*args: Any, **kwargs: Any) -> Any:
+        async with DistributedLock._from_guard(spec.guard(args, kwargs)):
+            return await fn(*args, **kwargs)
+
+    return locked  # type: ignore[return-value]

@@ -43,7 +43,7 @@ class SyncTransaction:
         self._serializer = TypeSerializer()
         self._items: list[dict[str, Any]] = []
         self._targets: list[tuple[str, str, Any]] = []  # (operation, table, plain key) per item
-        self._lock_checks: dict[tuple[str, str], int] = {}  # (table, lock key) -> item index
+        self._lock_checks: dict[tuple[str, str], tuple[int, Any]] = {}  # (table, key) -> (item index, lease)
         self._committed = False
 
     # ---- building ------------------------------------------------------------------------------
@@ -111,8 +111,9 @@ class SyncTransaction:
             body["ExpressionAttributeValues"] = self._serialize(values)
         self._add("ConditionCheck", table, dict(key), body)
 
-    def _add_lock_check(self, table: str, key: str, check: dict[str, Any]) -> None:
+    def _add_lock_check(self, lease: Any, check: dict[str, Any]) -> None:
         """Called by ``lease.check_in``: one ConditionCheck per lease, and no other op on its item."""
+        table, key = lease.table, lease.key
         if (table, key) in self._lock_checks:
             raise ValueError(f"the lease on {key!r} is already checked in to this transaction")
         for (operation, target_table, _), item in zip(self._targets, self._items):
@@ -120,7 +121,7 @@ class SyncTransaction:
             if _targets_lock_item(target_table, body.get("Key") or body.get("Item"), table, key):
                 raise ValueError(f"the transaction already has a {operation} on the lock item {key!r}: it must not")
         self._add("ConditionCheck", table, {"key": key}, check)
-        self._lock_checks[(table, key)] = len(self._items) - 1
+        self._lock_checks[(table, key)] = (len(self._items) - 1, lease)
 
     # ---- committing ----------------------------------------------------------------------------
     def commit(self) -> None:
@@ -150,12 +151,15 @@ class SyncTransaction:
         detail = "; ".join(f"item {i} ({op} on {table} {key!r}): {code}" for i, op, table, key, code in failed)
         canceled = TransactionCanceled(f"transaction canceled: {detail or error}", failed_items=failed)
         canceled.__cause__ = error
-        lost = [(table, key["key"]) for i, _, table, key, code in failed
-                if code == "ConditionalCheckFailed" and i in self._lock_checks.values()]
+        checks_by_index = {index: lease for index, lease in self._lock_checks.values()}
+        lost = [checks_by_index[i] for i, _, _, _, code in failed
+                if code == "ConditionalCheckFailed" and i in checks_by_index]
+        for lease in lost:
+            lease.note_stolen()  # the lease object learns what the store just proved
         if lost:
-            table, key = lost[0]
-            lock_lost = LockLost(f"lease on {key!r} in {table!r} no longer held at commit: {detail}", key=key,
-                                 cause="stolen")
+            lease = lost[0]
+            lock_lost = LockLost(f"lease on {lease.key!r} in {lease.table!r} no longer held at commit: {detail}",
+                                 key=lease.key, cause="stolen")
             lock_lost.__cause__ = canceled  # LockLost <- TransactionCanceled <- botocore's error
             return lock_lost
         return canceled

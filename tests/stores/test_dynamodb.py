@@ -296,6 +296,9 @@ def test_commit_after_takeover_is_rejected_as_lock_lost(ddb, results_table):
             assert info.value.cause == "stolen"
             assert isinstance(info.value.__cause__, TransactionCanceled)
             assert info.value.__cause__.failed_items[0][:3] == (0, "ConditionCheck", "locks")
+            assert lease.lost_cause == "stolen" and lease.state == "lost"  # the lease learned it too
+            with pytest.raises(LockLost, match="stolen"):
+                lease.raise_if_lost()
     assert result_item(ddb) is None
 
 

@@ -458,7 +458,7 @@ class DynamoDBClient(LeaseClient):
             )
         if transaction.client is not self:
             raise ValueError("check_in: the transaction belongs to another client; create it with this lease's client")
-        transaction._add_lock_check(lease.table, lease.key, condition_check_item(lease)["ConditionCheck"])
+        transaction._add_lock_check(lease, condition_check_item(lease)["ConditionCheck"])
 
 
 def condition_check_item(lease: Any) -> dict[str, Any]:

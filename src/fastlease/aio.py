@@ -1,0 +1,105 @@
+"""``DistributedLock``: the async guard. It wraps the sync engine; it adds no protocol logic.
+
+Each blocking step runs in a worker thread of the client's own bounded executor (not the event
+loop's default one: a few waits of up to ``wait_timeout`` would otherwise starve every other
+``asyncio.to_thread`` user of the loop). What this module adds is only cancellation handling:
+
+* cancelled while acquiring: the engine is told (``Lease.cancel``) so the thread stops waiting and a
+  write confirmed afterwards is deleted instead of held; if the thread had already acquired, the
+  lease is released in the background within its cleanup budget. No live guard is ever left.
+* cancelled while releasing: the release goes on to completion; the cancellation is re-raised.
+* nothing leaves a "Task exception was never retrieved" warning: background outcomes are consumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any, Optional, Type
+
+from .client import LeaseClient
+from .lock import DEFAULT_LEASE_DURATION, DEFAULT_WAIT_TIMEOUT, SyncDistributedLock
+
+__all__ = ["DistributedLock"]
+
+_log = logging.getLogger("fastlease.aio")
+
+
+def _run(client: LeaseClient, fn: Any, *args: Any) -> "Future[Any]":
+    """Start ``fn(*args)`` on the client's executor. The caller awaits ``asyncio.wrap_future`` of it;
+    follow-ups hang on the concurrent future itself, so they run even if the event loop is gone."""
+    return client._async_executor().submit(fn, *args)
+
+
+def _consume(future: "Future[Any] | asyncio.Future[Any]") -> None:
+    """Retrieve a background outcome so that nothing is reported as never retrieved."""
+    if not future.cancelled() and future.exception() is not None:
+        _log.debug("background lease step failed: %r", future.exception())
+
+
+async def _shielded(future: "Future[Any]") -> Any:
+    """Await a step that must not be interrupted: cancelling the caller leaves it running."""
+    waiter = asyncio.wrap_future(future)
+    try:
+        return await asyncio.shield(waiter)
+    except asyncio.CancelledError:
+        waiter.add_done_callback(_consume)
+        raise
+
+
+class DistributedLock:
+    """``async with DistributedLock(client, table="locks", key="k") as lease:`` — the async form of
+    :class:`~fastlease.SyncDistributedLock`, with the same arguments, semantics and lease methods."""
+
+    __slots__ = ("_guard",)
+
+    def __init__(
+        self,
+        client: LeaseClient,
+        *,
+        table: str,
+        key: str,
+        lease_duration: float = DEFAULT_LEASE_DURATION,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+    ) -> None:
+        self._guard = SyncDistributedLock(
+            client, table=table, key=key, lease_duration=lease_duration, wait_timeout=wait_timeout
+        )
+
+    @classmethod
+    def _from_guard(cls, guard: SyncDistributedLock) -> "DistributedLock":
+        lock = cls.__new__(cls)
+        lock._guard = guard
+        return lock
+
+    async def __aenter__(self) -> SyncDistributedLock:
+        lease = self._guard._lease
+        acquiring = _run(lease.client, self._guard.__enter__)
+        try:
+            await _shielded(acquiring)
+        except asyncio.CancelledError:
+            lease.cancel()
+            acquiring.add_done_callback(self._release_if_acquired)
+            raise
+        return self._guard
+
+    def _release_if_acquired(self, acquiring: "Future[Any]") -> None:
+        """After a cancelled acquisition finishes: release what it may have acquired, off the loop."""
+        if acquiring.cancelled() or acquiring.exception() is not None:
+            return  # not acquired (the engine already cleaned up)
+        _run(self._guard._lease.client, self._guard.__exit__, None, None, None).add_done_callback(_consume)
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        releasing = _run(self._guard._lease.client, self._guard.__exit__, exc_type, exc, traceback)
+        try:
+            await _shielded(releasing)
+        except asyncio.CancelledError:
+            releasing.add_done_callback(_consume)  # cleanup goes on; its outcome is not lost
+            raise

@@ -1,0 +1,186 @@
+"""Worker functions for tests/test_dynamodb_processes.py, run in ``multiprocessing`` *spawn* children.
+
+Every function here runs in a fresh interpreter (the tests directory is on ``sys.path``, so the child
+imports this file as ``mp_workers``). Each one builds its own clients from the endpoint it is given and
+talks to the parent through two one-way Pipes: ``out`` (child -> parent: reports) and ``ctl``
+(parent -> child: instructions). Pipes have no locks shared between processes, so SIGKILLing or
+SIGSTOPping a child can never wedge the parent's end. Every wait is bounded by a timeout.
+
+Reports are tuples whose first element names them: ``("ready", pid)``, ``("held", pid, owner)``,
+``("done", pid, payload)`` or ``("error", pid, traceback_text)``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import traceback
+from typing import Any, Dict, Optional
+
+REGION = "us-east-1"
+#: Bound for every wait on the parent; a child that is never told anything gives up after this.
+WAIT_S = 60.0
+#: How long one contended acquisition may wait before the worker gives up (LockNotAcquired).
+CONTEND_WAIT_S = 30.0
+
+
+# ---- clients (also used by the parent) ----------------------------------------------------------
+def boto3_session() -> Any:
+    import boto3
+
+    return boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION)
+
+
+def fastlease_client(endpoint: str, fast_path: bool = True) -> Any:
+    from fastlease.dynamodb import DynamoDBClient
+
+    return DynamoDBClient(session=boto3_session(), endpoint_url=endpoint, fast_path=fast_path)
+
+
+def pydynox_client(endpoint: str) -> Any:
+    from pydynox import DynamoDBClient
+
+    return DynamoDBClient(region=REGION, access_key="testing", secret_key="testing", endpoint_url=endpoint)
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def _wait_message(ctl: Any, timeout_s: float = WAIT_S) -> Any:
+    if not ctl.poll(timeout_s):
+        raise TimeoutError(f"no instruction from the parent within {timeout_s:g} s")
+    return ctl.recv()
+
+
+def _report_error(out: Any) -> None:
+    try:
+        out.send(("error", os.getpid(), traceback.format_exc()))
+    except OSError:  # the parent is gone: nobody to tell
+        pass
+
+
+def describe(error: Optional[BaseException]) -> Dict[str, Any]:
+    """A picklable summary of an outcome: what was raised, its cause and what it was chained from."""
+    if error is None:
+        return {"type": None}
+    chained = error.__cause__
+    return {
+        "type": type(error).__name__,
+        "module": type(error).__module__,
+        "cause": getattr(error, "cause", None),
+        "chained": None if chained is None else type(chained).__name__,
+        "message": str(error),
+    }
+
+
+def _outcome(action: Any) -> Dict[str, Any]:
+    try:
+        action()
+    except BaseException as error:  # noqa: BLE001 - reported to the parent, which asserts on it
+        return describe(error)
+    return describe(None)
+
+
+# ---- workers ------------------------------------------------------------------------------------
+def contend(endpoint: str, table: str, key: str, rounds: int, fast_path: bool, lease_s: float,
+            out: Any, ctl: Any) -> None:
+    """Acquire ``key`` ``rounds`` times, each time recording (monotonic right after acquire returned,
+    monotonic right before leaving the block). Reports ``("done", pid, holds)``; each hold is
+    (acquired, leaving, owner, pid, wait_ms)."""
+    try:
+        from fastlease import SyncDistributedLock
+
+        client = fastlease_client(endpoint, fast_path)
+        try:
+            out.send(("ready", os.getpid()))
+            if _wait_message(ctl) != "start":
+                raise RuntimeError("expected 'start'")
+            rng = random.Random()
+            holds = []
+            for _ in range(rounds):
+                guard = SyncDistributedLock(
+                    client, table=table, key=key, lease_duration=lease_s, wait_timeout=CONTEND_WAIT_S
+                )
+                with guard as lease:
+                    acquired = time.monotonic()
+                    lease.raise_if_lost()
+                    time.sleep(rng.uniform(0.005, 0.03))  # the work done under the lease (not synchronisation)
+                    lease.raise_if_lost()
+                    owner = lease.owner
+                    leaving = time.monotonic()
+                holds.append((acquired, leaving, owner, os.getpid(), lease.metrics.wait_ms))
+                # Work outside the lease, so that the releasing process does not simply win every
+                # next round with its immediate put while the others are between polls.
+                time.sleep(rng.uniform(0.0, 0.12))
+            out.send(("done", os.getpid(), holds))
+        finally:
+            client.close()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        _report_error(out)
+
+
+def hold_until_killed(endpoint: str, table: str, key: str, lease_s: float, library: str, fast_path: bool,
+                      out: Any, ctl: Any) -> None:
+    """Hold ``key`` with ``library`` ("fastlease" or "pydynox"), report ``("held", pid, owner)`` (owner is
+    None for pydynox, which does not expose it) and wait for an instruction. The parent SIGKILLs it
+    while it waits; if it is told "release" instead, it releases and reports ``("done", pid, None)``."""
+    try:
+        if library == "fastlease":
+            from fastlease import SyncDistributedLock
+
+            client = fastlease_client(endpoint, fast_path)
+            guard = SyncDistributedLock(client, table=table, key=key, lease_duration=lease_s, wait_timeout=10)
+            try:
+                with guard as lease:
+                    out.send(("held", os.getpid(), lease.owner))
+                    _wait_message(ctl)
+            finally:
+                client.close()
+        elif library == "pydynox":
+            from pydynox.lock import SyncDistributedLock as PydynoxLock
+
+            pclient = pydynox_client(endpoint)
+            with PydynoxLock(pclient, table=table, key=key, lease_duration=lease_s, wait_timeout=10):
+                out.send(("held", os.getpid(), None))
+                _wait_message(ctl)
+        else:
+            raise ValueError(f"unknown library {library!r}")
+        out.send(("done", os.getpid(), None))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        _report_error(out)
+
+
+def commit_after_stop(endpoint: str, table: str, results_table: str, key: str, lease_s: float,
+                      out: Any, ctl: Any) -> None:
+    """Hold ``key``, prepare a transaction checked in to the lease, report ``("held", pid, owner)`` and wait
+    for "go" (the parent SIGSTOPs us meanwhile and takes the key over). Then try to commit, check the
+    lease and leave the block, and report ``("done", pid, outcomes)`` with what each step raised."""
+    try:
+        from fastlease import LockLost, SyncDistributedLock
+        from fastlease.dynamodb import SyncTransaction
+
+        client = fastlease_client(endpoint)
+        outcomes: Dict[str, Any] = {}
+        guard = SyncDistributedLock(client, table=table, key=key, lease_duration=lease_s, wait_timeout=10)
+        try:
+            try:
+                with guard as lease:
+                    tx = SyncTransaction(client)
+                    lease.check_in(tx)
+                    tx.put(results_table, {"id": key, "v": 1, "writer": lease.owner})
+                    outcomes["valid_before_stop"] = lease.is_valid()
+                    out.send(("held", os.getpid(), lease.owner))
+                    outcomes["instruction"] = _wait_message(ctl)
+                    outcomes["commit"] = _outcome(tx.commit)
+                    outcomes["raise_if_lost"] = _outcome(lease.raise_if_lost)
+                    outcomes["valid_after_commit"] = lease.is_valid()
+            except LockLost as error:
+                outcomes["exit"] = describe(error)
+            else:
+                outcomes["exit"] = describe(None)
+            outcomes["lost_cause"] = lease.lost_cause
+            outcomes["state"] = lease.state
+        finally:
+            client.close()
+        out.send(("done", os.getpid(), outcomes))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        _report_error(out)
