@@ -11,11 +11,41 @@ def seed_client(moto_endpoint, moto_session):
     from fastlease.dynamodb import DynamoDBClient
 
     client = DynamoDBClient(session=moto_session, endpoint_url=moto_endpoint)
-    for table in ("script_locks", "import_results"):
+    for table in ("script_locks", "import_results", "worker_locks"):
         if client.sync_table_exists(table):
             client.boto3_client.delete_table(TableName=table)
     yield client
     client.close()
+
+
+def test_async_workers_coordinate_customer_work(seed_client):
+    """Async workers coordinate customer work through one lock table."""
+
+    import asyncio
+
+    from fastlease import distributed_lock  # changed: was pydynox.lock
+
+    client = seed_client  # changed: was DynamoDBClient()
+
+    # Deployment setup. Normally provision the table outside the application.
+    if not client.sync_table_exists("worker_locks"):
+        client.sync_create_table("worker_locks", partition_key=("key", "S"), wait=True)
+
+    @distributed_lock(client, table="worker_locks", key="customer:{customer_id}", wait_timeout=2)
+    async def synchronize_customer(customer_id: str) -> str:
+        await asyncio.sleep(0.01)  # Replace with the customer's import or repair work.
+        return f"Updated {customer_id}"
+
+    async def main():
+        # Same customer waits; different customers can proceed independently.
+        results = await asyncio.gather(
+            synchronize_customer("123"),
+            synchronize_customer(customer_id="123"),
+            synchronize_customer("456"),
+        )
+        assert results == ["Updated 123", "Updated 123", "Updated 456"]
+
+    asyncio.run(main())
 
 
 def test_sync_section_with_a_transaction_ownership_check(seed_client):

@@ -1,0 +1,210 @@
+"""The async guard and the async decorator branch: same semantics, and cancellation never leaves a
+live guard or an unretrieved exception behind."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import inspect
+import time
+
+import pytest
+
+from fastlease import DistributedLock, LockNotAcquired, MemoryClient, SyncDistributedLock, distributed_lock
+from fastlease.testing import FaultInjector
+
+
+def run(coro):
+    """asyncio.run with an exception handler that records what the loop would have logged."""
+    reported = []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
+        return await coro
+
+    result = asyncio.run(main())
+    gc.collect()
+    assert reported == [], reported
+    return result
+
+
+async def until(condition, seconds=10.0):
+    """Poll a condition from the event loop, bounded."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+def real(core, store):
+    """Clients on the system clock (real threads), sharing the test's store."""
+    clients = []
+
+    def build():
+        client = MemoryClient(store=store, _core=core)
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        client.close()
+
+
+def test_async_guard_holds_and_releases(real, store):
+    client = real()
+
+    async def main():
+        async with DistributedLock(client, table="locks", key="k") as lease:
+            assert store.rows("locks")["k"].owner == lease.owner
+            lease.raise_if_lost()
+        return lease
+
+    lease = run(main())
+    assert lease.state == "released" and lease.metrics.write_requests == 2
+    assert store.rows("locks") == {}
+
+
+def test_async_decorator_preserves_the_function_and_contends(real, store):
+    client = real()
+
+    async def synchronize_customer(customer_id: str) -> str:
+        await asyncio.sleep(0.01)
+        return f"Updated {customer_id}"
+
+    locked = distributed_lock(client, table="locks", key="customer:{customer_id}", wait_timeout=5)(synchronize_customer)
+    assert inspect.iscoroutinefunction(locked)
+    assert inspect.signature(locked) == inspect.signature(synchronize_customer)
+
+    async def main():
+        return await asyncio.gather(locked("123"), locked(customer_id="123"), locked("456"))
+
+    assert run(main()) == ["Updated 123", "Updated 123", "Updated 456"]
+    assert store.rows("locks") == {}
+
+
+def test_creating_a_coroutine_without_awaiting_makes_no_requests(real, store):
+    injector = FaultInjector()
+    store.faults = injector
+    client = real()
+
+    @distributed_lock(client, table="locks", key="job")
+    async def job() -> None: ...
+
+    coroutine = job()
+    coroutine.close()
+    assert sum(injector.calls.values()) == 0
+
+
+def test_one_client_serves_successive_event_loops(real, store):
+    client = real()
+
+    async def once(n):
+        async with DistributedLock(client, table="locks", key="k"):
+            return n
+
+    assert [run(once(n)) for n in range(3)] == [0, 1, 2]
+
+
+def test_cancelled_while_waiting_leaves_no_guard(real, store):
+    holder, waiter = real(), real()
+    injector = FaultInjector()
+    store.faults = injector
+
+    async def main():
+        with SyncDistributedLock(holder, table="locks", key="k"):
+            lock = DistributedLock(waiter, table="locks", key="k", wait_timeout=60)
+            task = asyncio.ensure_future(lock.__aenter__())
+            await until(lambda: injector.calls["read"] >= 1)  # it is waiting on our row
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await until(lambda: lock._guard.state == "failed")  # the thread stopped waiting
+        return lock
+
+    lock = run(main())
+    assert store.rows("locks") == {}
+    assert lock._guard.metrics.wait_timeouts == 0
+
+
+def test_a_write_confirmed_after_cancellation_is_deleted(real, store):
+    injector = FaultInjector()
+    store.faults = injector
+    injector.add("put_if_absent", "block")
+    client = real()
+
+    async def main():
+        lock = DistributedLock(client, table="locks", key="k")
+        task = asyncio.ensure_future(lock.__aenter__())
+        await until(injector.blocked.is_set)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        injector.unblock()  # the put now lands, after the cancellation
+        await until(lambda: lock._guard.state == "failed")
+        return lock
+
+    lock = run(main())
+    assert store.rows("locks") == {}
+    assert len(client._scheduler) == 0
+
+
+def test_cancelled_just_after_acquiring_releases_in_the_background(real, store):
+    client = real()
+
+    async def main():
+        lock = DistributedLock(client, table="locks", key="k")
+        task = asyncio.ensure_future(lock.__aenter__())
+        await asyncio.sleep(0)  # the task starts its acquisition thread and awaits it
+        # Block the event loop (no await) until the thread holds the lease: the task cannot resume
+        # before the cancellation below, so its cancel path must release what the thread acquired.
+        deadline = time.monotonic() + 10
+        while lock._guard.state != "held":
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await until(lambda: lock._guard.state == "released")
+        return lock
+
+    run(main())
+    assert store.rows("locks") == {}
+
+
+def test_cancelling_the_release_does_not_abort_it(real, store):
+    injector = FaultInjector()
+    store.faults = injector
+    injector.add("delete_if_owner", "block")
+    client = real()
+
+    async def main():
+        lock = DistributedLock(client, table="locks", key="k")
+
+        async def body():
+            async with lock:
+                pass
+
+        task = asyncio.ensure_future(body())
+        await until(injector.blocked.is_set)  # the release is in flight
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert "k" in store.rows("locks")
+        injector.unblock()
+        await until(lambda: lock._guard.state == "released")
+
+    run(main())
+    assert store.rows("locks") == {}
+
+
+def test_async_wait_timeout_raises_lock_not_acquired(real, store):
+    holder, waiter = real(), real()
+
+    async def main():
+        with SyncDistributedLock(holder, table="locks", key="k"):
+            with pytest.raises(LockNotAcquired):
+                async with DistributedLock(waiter, table="locks", key="k", wait_timeout=0):
+                    pass
+
+    run(main())
