@@ -147,6 +147,7 @@ def test_a_write_confirmed_after_cancellation_is_deleted(real, store):
     lock = run(main())
     assert store.rows("locks") == {}
     assert len(client._scheduler) == 0
+    assert lock._guard.owner is None  # never held
 
 
 def test_cancelled_just_after_acquiring_releases_in_the_background(real, store):
