@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import ssl
 import threading
@@ -44,6 +45,11 @@ IDLE_REUSE_S = 20.0
 MAX_IDLE_CONNECTIONS = 8
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 _HEADER_END = b"\r\n\r\n"
+_CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
+_CHUNKED = re.compile(rb"(?im)^transfer-encoding:[^\r\n]*chunked")
+_CONNECTION = re.compile(rb"(?im)^connection:[ \t]*([^\r\n]*?)[ \t]*\r?$")
+_encode_json = json.JSONEncoder(separators=(",", ":")).encode
+_decode_json = json.JSONDecoder().decode
 
 
 class FastPathUnavailable(Exception):
@@ -83,25 +89,21 @@ def _read_response(connection: _Connection, deadline: float) -> tuple[int, bytes
         if not chunk:
             raise ConnectionError("connection closed before the response headers")
         buffer += chunk
-    head = bytes(buffer[:end]).decode("latin-1")
+    head = bytes(buffer[:end])
     del buffer[: end + 4]
-    status_line, _, header_text = head.partition("\r\n")
-    parts = status_line.split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
+    status_line = head.split(b"\r\n", 1)[0]
+    if not status_line.startswith(b"HTTP/1.") or len(status_line) < 12:
         raise ValueError(f"malformed status line {status_line!r}")
-    status = int(parts[1])
-    length = -1
-    chunked = False
-    keep_alive = parts[0] == "HTTP/1.1"
-    for line in header_text.split("\r\n"):
-        name, _, value = line.partition(":")
-        name = name.strip().lower()
-        if name == "content-length":
-            length = int(value.strip())
-        elif name == "transfer-encoding":
-            chunked = "chunked" in value.lower()
-        elif name == "connection":
-            keep_alive = value.strip().lower() == "keep-alive" or (keep_alive and value.strip().lower() != "close")
+    status = int(status_line[9:12])
+    # One regex pass over the header block instead of a per-line loop: this runs on every request.
+    match = _CONTENT_LENGTH.search(head)
+    length = int(match.group(1)) if match else -1
+    chunked = _CHUNKED.search(head) is not None
+    connection = _CONNECTION.search(head)
+    if status_line.startswith(b"HTTP/1.1"):
+        keep_alive = connection is None or connection.group(1).lower() != b"close"
+    else:
+        keep_alive = connection is not None and connection.group(1).lower() == b"keep-alive"
     if chunked:
         return status, _read_chunked(sock, buffer, deadline), keep_alive
     if length < 0:
@@ -188,7 +190,8 @@ class FastTransport:
         self._path = url.path or "/"
         self._request_url = f"{url.scheme}://{self._host_header}{self._path}"
         self._signer = SigV4Signer(meta.region_name)
-        self._user_agent = user_agent
+        self._request_line = f"POST {self._path} HTTP/1.1\r\n"
+        self._fixed_headers = f"User-Agent: {user_agent}\r\nConnection: keep-alive\r\n"
         self._ssl_context = self._make_ssl_context(boto3_client) if self._secure else None
         self._idle: list[_Connection] = []
         self._idle_lock = threading.Lock()
@@ -211,7 +214,7 @@ class FastTransport:
     def call(self, operation: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         from .dynamodb import ServiceError
 
-        body = json.dumps(params, separators=(",", ":")).encode()
+        body = _encode_json(params).encode()
         frozen = self._credentials.get_frozen_credentials()
         headers = self._signer.sign(
             host=self._host_header,
@@ -229,9 +232,9 @@ class FastTransport:
         else:
             status, payload = self._exchange(operation, headers, body, timeout_s)
         if status == 200:
-            return json.loads(payload) if payload else {}  # type: ignore[no-any-return]
+            return _decode_json(payload.decode()) if payload else {}  # type: ignore[no-any-return]
         try:
-            error = json.loads(payload)
+            error = _decode_json(payload.decode("utf-8", "replace"))
             code = str(error.get("__type", "")).rpartition("#")[2]
             message = str(error.get("message") or error.get("Message") or "")
         except ValueError:
@@ -249,12 +252,9 @@ class FastTransport:
         return None
 
     def _exchange(self, operation: str, headers: dict[str, str], body: bytes, timeout_s: float) -> tuple[int, bytes]:
-        lines = [f"POST {self._path} HTTP/1.1"]
-        lines.extend(f"{name}: {value}" for name, value in headers.items())
-        lines.append(f"Content-Length: {len(body)}")
-        lines.append(f"User-Agent: {self._user_agent}")
-        lines.append("Connection: keep-alive")
-        message = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        head = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+        message = (f"{self._request_line}{head}Content-Length: {len(body)}\r\n{self._fixed_headers}\r\n"
+                   ).encode("latin-1") + body
         connection = self._checkout()
         if connection is None:
             try:
