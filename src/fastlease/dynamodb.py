@@ -67,49 +67,40 @@ class SyncTransaction:
                     "it must not contain another operation on the lock item"
                 )
 
-    @staticmethod
-    def _expression(body: dict[str, Any], condition: Optional[str], names: Optional[Mapping[str, str]]) -> None:
+    def _expressions(self, body: dict[str, Any], condition: Optional[str], names: Optional[Mapping[str, str]],
+                     values: Optional[Mapping[str, Any]]) -> dict[str, Any]:
         if condition is not None:
             body["ConditionExpression"] = condition
         if names:
             body["ExpressionAttributeNames"] = dict(names)
+        if values:
+            body["ExpressionAttributeValues"] = self._serialize(values)
+        return body
 
     def put(self, table: str, item: Mapping[str, Any], *, condition: Optional[str] = None,
             names: Optional[Mapping[str, str]] = None, values: Optional[Mapping[str, Any]] = None) -> None:
         """Put a whole item (plain Python values)."""
-        body: dict[str, Any] = {"TableName": table, "Item": self._serialize(item)}
-        self._expression(body, condition, names)
-        if values:
-            body["ExpressionAttributeValues"] = self._serialize(values)
-        self._add("Put", table, dict(item), body)
+        body = {"TableName": table, "Item": self._serialize(item)}
+        self._add("Put", table, dict(item), self._expressions(body, condition, names, values))
 
     def update(self, table: str, key: Mapping[str, Any], update: str, *, condition: Optional[str] = None,
                names: Optional[Mapping[str, str]] = None, values: Optional[Mapping[str, Any]] = None) -> None:
         """Apply an UpdateExpression to the item with this key."""
-        body: dict[str, Any] = {"TableName": table, "Key": self._serialize(key), "UpdateExpression": update}
-        self._expression(body, condition, names)
-        if values:
-            body["ExpressionAttributeValues"] = self._serialize(values)
-        self._add("Update", table, dict(key), body)
+        body = {"TableName": table, "Key": self._serialize(key), "UpdateExpression": update}
+        self._add("Update", table, dict(key), self._expressions(body, condition, names, values))
 
     def delete(self, table: str, key: Mapping[str, Any], *, condition: Optional[str] = None,
                names: Optional[Mapping[str, str]] = None, values: Optional[Mapping[str, Any]] = None) -> None:
         """Delete the item with this key."""
-        body: dict[str, Any] = {"TableName": table, "Key": self._serialize(key)}
-        self._expression(body, condition, names)
-        if values:
-            body["ExpressionAttributeValues"] = self._serialize(values)
-        self._add("Delete", table, dict(key), body)
+        body = {"TableName": table, "Key": self._serialize(key)}
+        self._add("Delete", table, dict(key), self._expressions(body, condition, names, values))
 
     def condition_check(self, table: str, key: Mapping[str, Any], condition: str, *,
                         names: Optional[Mapping[str, str]] = None,
                         values: Optional[Mapping[str, Any]] = None) -> None:
         """Require a condition on an item without writing it."""
-        body: dict[str, Any] = {"TableName": table, "Key": self._serialize(key)}
-        self._expression(body, condition, names)
-        if values:
-            body["ExpressionAttributeValues"] = self._serialize(values)
-        self._add("ConditionCheck", table, dict(key), body)
+        body = {"TableName": table, "Key": self._serialize(key)}
+        self._add("ConditionCheck", table, dict(key), self._expressions(body, condition, names, values))
 
     def _add_lock_check(self, lease: Any, check: dict[str, Any]) -> None:
         """Called by ``lease.check_in``: one ConditionCheck per lease, and no other op on its item."""
@@ -182,4 +173,5 @@ class Transaction(SyncTransaction):
     async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
                         traceback: Optional[TracebackType]) -> None:
         if exc is None:
-            await asyncio.to_thread(self.commit)
+            # On the client's own pool, like every blocking step of the async API.
+            await asyncio.get_running_loop().run_in_executor(self.client._async_executor(), self.commit)

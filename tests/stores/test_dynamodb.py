@@ -387,3 +387,21 @@ def test_missing_boto3_names_the_extra_to_install():
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert "pip install 'fastlease[dynamodb]'" in result.stdout, result.stderr
+
+
+def test_async_guard_and_transaction(ddb, results_table):
+    import asyncio
+
+    from fastlease import DistributedLock
+    from fastlease.dynamodb import Transaction
+
+    async def main():
+        async with DistributedLock(ddb, table="locks", key="import:daily") as lease:
+            async with Transaction(ddb) as tx:
+                lease.check_in(tx)
+                tx.put("import_results", {"job_id": "daily", "summary": "async"})
+        return lease
+
+    lease = asyncio.run(main())
+    assert lease.metrics.write_requests == 2
+    assert result_item(ddb)["summary"] == {"S": "async"}
