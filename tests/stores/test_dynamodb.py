@@ -405,3 +405,21 @@ def test_async_guard_and_transaction(ddb, results_table):
     lease = asyncio.run(main())
     assert lease.metrics.write_requests == 2
     assert result_item(ddb)["summary"] == {"S": "async"}
+
+
+def test_no_credentials_fails_at_once_with_a_clear_error(monkeypatch, core):
+    for name in [name for name in __import__("os").environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    clock = FakeClock()
+    client = DynamoDBClient(region_name="us-east-1", endpoint_url="http://127.0.0.1:9", clock=clock, _core=core)
+    try:
+        assert client.transport == "boto3"  # the fast path needs credentials to sign
+        with pytest.raises(StoreRequestRejected, match="Unable to locate credentials"):
+            with SyncDistributedLock(client, table="locks", key="k", wait_timeout=30):
+                pass
+        assert clock.monotonic_ns() == FakeClock().monotonic_ns()  # no waiting on a hopeless error
+    finally:
+        client.close()

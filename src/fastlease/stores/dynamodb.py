@@ -131,11 +131,14 @@ class Boto3Transport:
             ClientError,
             ConnectTimeoutError,
             EndpointConnectionError,
+            NoCredentialsError,
         )
 
         client = self._client(timeout_s)
         try:
             return getattr(client, _METHODS[operation])(**params)  # type: ignore[no-any-return]
+        except NoCredentialsError as error:
+            raise StoreRequestRejected(f"DynamoDB {operation}: {error}") from error
         except ClientError as error:
             info = error.response.get("Error", {})
             status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
