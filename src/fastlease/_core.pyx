@@ -462,6 +462,11 @@ cdef class Lease:
     cdef readonly str key
     cdef readonly int64_t lease_ms
     cdef readonly int64_t wait_ms
+    cdef readonly int64_t max_hold_ms
+    cdef object _on_lost  # taken (set to None) by the one call that announces the loss
+    cdef object _lost_event  # made on first use; installed under _mutex
+    cdef int64_t _hold_until_ns  # written by the caller before renewal is scheduled; 0: no max_hold
+    cdef bint _renewal_stopped  # max_hold reached; renewal thread only
     cdef long _pid  # the process this guard was made in
     cdef object _client
     cdef object _store
@@ -501,17 +506,25 @@ cdef class Lease:
     # Capacity reported by stores from either thread; under _mutex.
     cdef double _rcu, _wcu
 
-    def __init__(self, client, table, key, lease_ms, wait_ms):
+    def __init__(self, client, table, key, lease_ms, wait_ms, max_hold_ms=0, on_lost=None):
         if type(lease_ms) is not int or not MIN_LEASE_MS <= lease_ms <= MAX_DURATION_MS:
             raise ValueError(f"lease_ms must be an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {lease_ms!r}")
         if type(wait_ms) is not int or not 0 <= wait_ms <= MAX_DURATION_MS:
             raise ValueError(f"wait_ms must be an int in 0-{MAX_DURATION_MS}, got {wait_ms!r}")
+        if type(max_hold_ms) is not int or not (max_hold_ms == 0 or MIN_LEASE_MS <= max_hold_ms <= MAX_DURATION_MS):
+            raise ValueError(
+                f"max_hold_ms must be 0 or an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {max_hold_ms!r}"
+            )
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError(f"on_lost must be callable or None, got {type(on_lost).__name__}")
         check_not_forked(client._pid)
         self.table = check_table(table)
         self.key = check_key(key)
         self._pid = client._pid
         self.lease_ms = lease_ms
         self.wait_ms = wait_ms
+        self.max_hold_ms = max_hold_ms
+        self._on_lost = on_lost
         self._client = client
         self._store = client._store
         self._clock = client._clock
@@ -560,22 +573,54 @@ cdef class Lease:
                 return False
             self.state = LOST_
             self.lost_cause = cause
-        self._scheduler.cancel(self)
-        _log.warning("lease lost: table=%s key=%r cause=%s", self.table, self.key, cause)
+        self._announce_lost(cause)
         return True
 
     def note_stolen(self):
         """The store proved another owner has the row (a failed release, a rejected check_in): the
         lease is lost with cause ``stolen``, even if it had already lapsed locally as ``expired``."""
-        cdef bint was_held
+        cdef bint first
         with self._mutex:
-            was_held = self.state == HELD_
+            first = self.lost_cause is None
             if self.state == HELD_ or self.state == LOST_ or self.state == RELEASING_ or self.state == RELEASED_:
                 self.state = LOST_
                 self.lost_cause = "stolen"
-        if was_held:
-            self._scheduler.cancel(self)
-            _log.warning("lease lost: table=%s key=%r cause=stolen", self.table, self.key)
+        if first:
+            self._announce_lost("stolen")
+
+    cdef str _lapse_cause(self):
+        """Why validity ran out without a conditional failure."""
+        if self._renewal_stopped:
+            return "cancelled"  # max_hold: renewal stopped on purpose
+        return "unreachable" if self._renew_errors else "expired"
+
+    cdef _announce_lost(self, str cause):
+        """Runs once per lease, in the thread that found the loss (usually the renewal thread): stop
+        renewing, log, set the ``lost`` event, call ``on_lost`` (its exceptions are logged, not raised)."""
+        self._scheduler.cancel(self)
+        _log.warning("lease lost: table=%s key=%r cause=%s", self.table, self.key, cause)
+        with self._mutex:
+            event = self._lost_event
+            callback = self._on_lost
+            self._on_lost = None
+        if event is not None:
+            event.set()
+        if callback is not None:
+            try:
+                callback(LockLost(f"lease on {self.key!r} was lost: {cause}", key=self.key, cause=cause))
+            except BaseException:
+                _log.warning("on_lost callback for %r raised", self.key, exc_info=True)
+
+    @property
+    def lost_event(self):
+        """A ``threading.Event`` set when the lease is lost (already set if it has been)."""
+        fresh = threading.Event()
+        with self._mutex:
+            if self._lost_event is None:
+                self._lost_event = fresh
+                if self.lost_cause is not None:
+                    fresh.set()
+            return self._lost_event
 
     # ---- public state ----------------------------------------------------------------------------
     @property
@@ -602,7 +647,7 @@ cdef class Lease:
             if state == HELD_ and self._valid_at(mono, wall):
                 return
         if state == HELD_:
-            self._mark_lost("unreachable" if self._renew_errors else "expired")
+            self._mark_lost(self._lapse_cause())
         elif self.lost_cause is None:
             raise RuntimeError(f"lease on {self.key!r} is {STATE_NAMES[state]}, not held")
         cause = self.lost_cause
@@ -817,6 +862,8 @@ cdef class Lease:
                 self.owner = owner
                 self.version = version
                 self.state = HELD_
+                if self.max_hold_ms:
+                    self._hold_until_ns = mono_ns + self.max_hold_ms * NS_PER_MS
         if stale:
             self._delete_owned(owner, cleanup_budget_ns(self.lease_ms), False)
             self._hint_ns = 0
@@ -848,8 +895,12 @@ cdef class Lease:
             deadline_ns = self._valid_until_mono_ns
             valid = self._valid_at(now_mono, now_wall)
         if not valid:
-            self._mark_lost("unreachable" if self._renew_errors else "expired")
+            self._mark_lost(self._lapse_cause())
             return 0
+        if self._hold_until_ns and now_ns >= self._hold_until_ns:
+            # max_hold reached: no more renewals; come back when validity ends to mark the loss.
+            self._renewal_stopped = True
+            return deadline_ns
         retry_ns = renew_retry_ns(self.lease_ms)
         if self._renew_pending is not None:
             # The previous renewal's outcome is unknown: read before writing again, because a retry

@@ -382,17 +382,37 @@ class Lease:
     its own request counters so neither overwrites the other's increments.
     """
 
-    def __init__(self, client: Any, table: str, key: str, lease_ms: int, wait_ms: int) -> None:
+    def __init__(
+        self,
+        client: Any,
+        table: str,
+        key: str,
+        lease_ms: int,
+        wait_ms: int,
+        max_hold_ms: int = 0,
+        on_lost: Optional[Any] = None,
+    ) -> None:
         if type(lease_ms) is not int or not MIN_LEASE_MS <= lease_ms <= MAX_DURATION_MS:
             raise ValueError(f"lease_ms must be an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {lease_ms!r}")
         if type(wait_ms) is not int or not 0 <= wait_ms <= MAX_DURATION_MS:
             raise ValueError(f"wait_ms must be an int in 0-{MAX_DURATION_MS}, got {wait_ms!r}")
+        if type(max_hold_ms) is not int or not (max_hold_ms == 0 or MIN_LEASE_MS <= max_hold_ms <= MAX_DURATION_MS):
+            raise ValueError(
+                f"max_hold_ms must be 0 or an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {max_hold_ms!r}"
+            )
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError(f"on_lost must be callable or None, got {type(on_lost).__name__}")
         check_not_forked(client._pid)
         self.table = check_table(table)
         self.key = check_key(key)
         self._pid = client._pid
         self.lease_ms = lease_ms
         self.wait_ms = wait_ms
+        self.max_hold_ms = max_hold_ms
+        self._on_lost = on_lost  # taken (set to None) by the one call that announces the loss
+        self._lost_event: Optional[threading.Event] = None  # made on first use; installed under _mutex
+        self._hold_until_ns = 0  # written by the caller before renewal is scheduled; 0: no max_hold
+        self._renewal_stopped = False  # max_hold reached; renewal thread only
         self._client = client
         self._store = client._store
         self._clock = client._clock
@@ -466,21 +486,52 @@ class Lease:
                 return False
             self.state = LOST
             self.lost_cause = cause
-        self._client._scheduler.cancel(self)
-        _log.warning("lease lost: table=%s key=%r cause=%s", self.table, self.key, cause)
+        self._announce_lost(cause)
         return True
 
     def note_stolen(self) -> None:
         """The store proved another owner has the row (a failed release, a rejected check_in): the
         lease is lost with cause ``stolen``, even if it had already lapsed locally as ``expired``."""
         with self._mutex:
-            was_held = self.state == HELD
+            first = self.lost_cause is None
             if self.state in (HELD, LOST, RELEASING, RELEASED):
                 self.state = LOST
                 self.lost_cause = "stolen"
-        if was_held:
-            self._client._scheduler.cancel(self)
-            _log.warning("lease lost: table=%s key=%r cause=stolen", self.table, self.key)
+        if first:
+            self._announce_lost("stolen")
+
+    def _lapse_cause(self) -> str:
+        """Why validity ran out without a conditional failure."""
+        if self._renewal_stopped:
+            return "cancelled"  # max_hold: renewal stopped on purpose
+        return "unreachable" if self._renew_errors else "expired"
+
+    def _announce_lost(self, cause: str) -> None:
+        """Runs once per lease, in the thread that found the loss (usually the renewal thread): stop
+        renewing, log, set the ``lost`` event, call ``on_lost`` (its exceptions are logged, not raised)."""
+        self._client._scheduler.cancel(self)
+        _log.warning("lease lost: table=%s key=%r cause=%s", self.table, self.key, cause)
+        with self._mutex:
+            event = self._lost_event
+            callback, self._on_lost = self._on_lost, None
+        if event is not None:
+            event.set()
+        if callback is not None:
+            try:
+                callback(LockLost(f"lease on {self.key!r} was lost: {cause}", key=self.key, cause=cause))
+            except BaseException:  # noqa: BLE001 - a callback must not break the renewal thread
+                _log.warning("on_lost callback for %r raised", self.key, exc_info=True)
+
+    @property
+    def lost_event(self) -> threading.Event:
+        """A ``threading.Event`` set when the lease is lost (already set if it has been)."""
+        fresh = threading.Event()
+        with self._mutex:
+            if self._lost_event is None:
+                self._lost_event = fresh
+                if self.lost_cause is not None:
+                    fresh.set()
+            return self._lost_event
 
     # ---- public state ----------------------------------------------------------------------
     @property
@@ -507,7 +558,7 @@ class Lease:
                 if self._valid_at(clock.monotonic_ns(), clock.time_ns()):
                     return
         if state == HELD:
-            self._mark_lost("unreachable" if self._renew_errors else "expired")
+            self._mark_lost(self._lapse_cause())
         elif self.lost_cause is None:
             raise RuntimeError(f"lease on {self.key!r} is {STATE_NAMES[state]}, not held")
         cause = self.lost_cause
@@ -728,6 +779,8 @@ class Lease:
                 self.owner = owner
                 self.version = version
                 self.state = HELD
+                if self.max_hold_ms:
+                    self._hold_until_ns = mono_ns + self.max_hold_ms * _NS_PER_MS
         if stale:
             self._delete_owned(owner, cleanup_budget_ns(self.lease_ms))
             self._hint_ns = 0
@@ -759,8 +812,12 @@ class Lease:
             deadline_ns = self._valid_until_mono_ns
             valid = self._valid_at(clock.monotonic_ns(), clock.time_ns())
         if not valid:
-            self._mark_lost("unreachable" if self._renew_errors else "expired")
+            self._mark_lost(self._lapse_cause())
             return 0
+        if self._hold_until_ns and now_ns >= self._hold_until_ns:
+            # max_hold reached: no more renewals; come back when validity ends to mark the loss.
+            self._renewal_stopped = True
+            return deadline_ns
         retry_ns = renew_retry_ns(self.lease_ms)
         if self._renew_pending is not None:
             # The previous renewal's outcome is unknown: read before writing again, because a retry

@@ -17,9 +17,10 @@ import asyncio
 import logging
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, Optional, Type
+from typing import Any, Callable, Optional, Type
 
 from .client import LeaseClient
+from .exceptions import LockLost
 from .lock import DEFAULT_LEASE_DURATION, DEFAULT_WAIT_TIMEOUT, SyncDistributedLock
 
 __all__ = ["DistributedLock"]
@@ -51,7 +52,8 @@ async def _shielded(future: "Future[Any]") -> Any:
 
 class DistributedLock:
     """``async with DistributedLock(client, table="locks", key="k") as lease:`` — the async form of
-    :class:`~fastlease.SyncDistributedLock`, with the same arguments, semantics and lease methods."""
+    :class:`~fastlease.SyncDistributedLock`, with the same arguments, semantics and lease methods.
+    ``on_lost`` runs in a worker thread: use ``loop.call_soon_threadsafe`` to reach the loop."""
 
     __slots__ = ("_guard",)
 
@@ -63,9 +65,12 @@ class DistributedLock:
         key: str,
         lease_duration: float = DEFAULT_LEASE_DURATION,
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+        max_hold: Optional[float] = None,
+        on_lost: Optional[Callable[[LockLost], object]] = None,
     ) -> None:
         self._guard = SyncDistributedLock(
-            client, table=table, key=key, lease_duration=lease_duration, wait_timeout=wait_timeout
+            client, table=table, key=key, lease_duration=lease_duration, wait_timeout=wait_timeout,
+            max_hold=max_hold, on_lost=on_lost,
         )
 
     @classmethod

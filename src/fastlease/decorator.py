@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 from .client import LeaseClient
+from .exceptions import LockLost
 from .lock import (
     DEFAULT_LEASE_DURATION,
     DEFAULT_WAIT_TIMEOUT,
     SyncDistributedLock,
     check_client,
+    check_on_lost,
     lease_duration_ms,
+    max_hold_ms,
     wait_timeout_ms,
 )
 
@@ -32,20 +35,25 @@ _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 class _LockSpec:
     """Everything a decorated function's calls share; ``guard`` builds one call's lease."""
 
-    __slots__ = ("client", "table", "call_key", "lease_ms", "wait_ms", "_lease_class")
+    __slots__ = ("client", "table", "call_key", "lease_ms", "wait_ms", "max_hold_ms", "on_lost", "_lease_class")
 
-    def __init__(self, client: LeaseClient, table: str, call_key: Any, lease_ms: int, wait_ms: int) -> None:
+    def __init__(
+        self, client: LeaseClient, table: str, call_key: Any, lease_ms: int, wait_ms: int, max_hold_ms: int,
+        on_lost: Any,
+    ) -> None:
         self.client = client
         self.table = table
         self.call_key = call_key
         self.lease_ms = lease_ms
         self.wait_ms = wait_ms
+        self.max_hold_ms = max_hold_ms
+        self.on_lost = on_lost
         self._lease_class = client._core.Lease
 
     def guard(self, args: tuple, kwargs: dict) -> SyncDistributedLock:
         key = self.call_key.resolve(args, kwargs)
         return SyncDistributedLock._from_lease(
-            self._lease_class(self.client, self.table, key, self.lease_ms, self.wait_ms)
+            self._lease_class(self.client, self.table, key, self.lease_ms, self.wait_ms, self.max_hold_ms, self.on_lost)
         )
 
 
@@ -73,18 +81,22 @@ def distributed_lock(
     key: str,
     lease_duration: float = DEFAULT_LEASE_DURATION,
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+    max_hold: Optional[float] = None,
+    on_lost: Optional[Callable[[LockLost], object]] = None,
 ) -> Callable[[F], F]:
     """Hold a lease on ``key`` (a template over the function's arguments) during each call.
 
     ``key="customer-sync:{customer_id}"`` resolves from the ``customer_id`` argument, which must be a
     str. The body is never retried: contention beyond ``wait_timeout`` raises ``LockNotAcquired``
     before the function runs. Generators are rejected. Signature, return value and exceptions are
-    preserved.
+    preserved. ``max_hold`` and ``on_lost`` are as for :class:`~fastlease.SyncDistributedLock`.
     """
     check_client(client)
     core = client._core
     lease_ms = lease_duration_ms(lease_duration)
     wait_ms = wait_timeout_ms(wait_timeout)
+    hold_ms = max_hold_ms(max_hold)
+    check_on_lost(on_lost)
     core.check_table(table)
     template = core.KeyTemplate(key)
 
@@ -96,7 +108,7 @@ def distributed_lock(
             )
         if not callable(fn):
             raise TypeError(f"distributed_lock wraps functions, got {type(fn).__name__}")
-        spec = _LockSpec(client, table, _bind_template(core, template, fn), lease_ms, wait_ms)
+        spec = _LockSpec(client, table, _bind_template(core, template, fn), lease_ms, wait_ms, hold_ms, on_lost)
         if inspect.iscoroutinefunction(fn):
             return _async_wrapper(fn, spec)
         return _sync_wrapper(fn, spec)

@@ -11,11 +11,12 @@ import functools
 import logging
 import math
 import sys
+import threading
 from types import TracebackType
-from typing import Any, NamedTuple, Optional, Type
+from typing import Any, Callable, NamedTuple, Optional, Type
 
 from .client import LeaseClient
-from .exceptions import FastleaseError
+from .exceptions import FastleaseError, LockLost
 
 __all__ = ["SyncDistributedLock", "LeaseMetrics", "DEFAULT_LEASE_DURATION", "DEFAULT_WAIT_TIMEOUT"]
 
@@ -52,6 +53,16 @@ def lease_duration_ms(lease_duration: float) -> int:
 def wait_timeout_ms(wait_timeout: float) -> int:
     """Validate ``wait_timeout`` (0-86,400 s, finite) and convert it to integer milliseconds."""
     return _seconds_to_ms("wait_timeout", wait_timeout, 0.0)
+
+
+def max_hold_ms(max_hold: Optional[float]) -> int:
+    """Validate ``max_hold`` (None, or 0.1-86,400 s) and convert it to milliseconds (0: no limit)."""
+    return 0 if max_hold is None else _seconds_to_ms("max_hold", max_hold, MIN_LEASE_DURATION)
+
+
+def check_on_lost(on_lost: Optional[Callable[[LockLost], object]]) -> None:
+    if on_lost is not None and not callable(on_lost):
+        raise TypeError(f"on_lost must be a callable taking a LockLost, got {type(on_lost).__name__}")
 
 
 def check_client(client: object) -> LeaseClient:
@@ -91,6 +102,11 @@ class SyncDistributedLock:
     ``with SyncDistributedLock(client, table="locks", key="import:daily") as lease:`` acquires (waiting
     up to ``wait_timeout`` seconds, else ``LockNotAcquired``), renews in the background every
     lease/3 while the block runs, and releases on exit. Guards are single-use and not reentrant.
+
+    ``max_hold`` (seconds) stops renewing after that long even if the block is still running: the lease
+    then lapses (cause ``cancelled``) at most 90% of a lease later. ``on_lost`` is called once with the
+    ``LockLost`` when ownership ends early, from the thread that found it (usually the renewal thread);
+    its exceptions are logged, not raised. ``lease.lost`` is an event set at the same moment.
     """
 
     __slots__ = ("_lease",)
@@ -103,10 +119,14 @@ class SyncDistributedLock:
         key: str,
         lease_duration: float = DEFAULT_LEASE_DURATION,
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+        max_hold: Optional[float] = None,
+        on_lost: Optional[Callable[[LockLost], object]] = None,
     ) -> None:
         check_client(client)
+        check_on_lost(on_lost)
         self._lease = client._core.Lease(
-            client, table, key, lease_duration_ms(lease_duration), wait_timeout_ms(wait_timeout)
+            client, table, key, lease_duration_ms(lease_duration), wait_timeout_ms(wait_timeout),
+            max_hold_ms(max_hold), on_lost,
         )
 
     @classmethod
@@ -164,6 +184,12 @@ class SyncDistributedLock:
         """Why the lease was lost (``stolen``, ``expired``, ``unreachable``, ``cancelled``), or None."""
         cause: Optional[str] = self._lease.lost_cause
         return cause
+
+    @property
+    def lost(self) -> threading.Event:
+        """An event set when the lease is lost (``lease.lost.wait(timeout)``); already set if it was."""
+        event: threading.Event = self._lease.lost_event
+        return event
 
     def is_valid(self) -> bool:
         """True while held and within local validity (90% of the lease since the last confirmed write)."""
