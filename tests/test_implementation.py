@@ -70,3 +70,41 @@ def test_environment_variable_selects_the_twin_in_one_place(value, expected):
                             text=True, timeout=60, check=True)
     module = "fastlease._core_py" if expected == "py" else "fastlease._core"
     assert result.stdout.split() == [expected, module]
+
+
+def test_fork_start_method_child_gets_a_clear_error_and_a_fresh_client_works(core):
+    import multiprocessing
+
+    from fastlease import MemoryClient, SyncDistributedLock
+
+    inherited = MemoryClient(_core=core)
+    with SyncDistributedLock(inherited, table="locks", key="warm"):  # the renewal thread is running
+        pass
+    receiver, sender = multiprocessing.Pipe(duplex=False)
+
+    def child() -> None:
+        report = []
+        try:
+            SyncDistributedLock(inherited, table="locks", key="k")
+            report.append("inherited client accepted")
+        except RuntimeError as error:
+            report.append("inherited: " + ("clear" if "Create the client in the worker" in str(error) else str(error)))
+        fresh = MemoryClient(_core=core)
+        with SyncDistributedLock(fresh, table="locks", key="k", lease_duration=0.3) as lease:
+            lease.raise_if_lost()
+            report.append(f"fresh: {lease.state}")
+        fresh.close()
+        sender.send(report)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    try:
+        assert receiver.poll(30), "the forked child reported nothing"
+        assert receiver.recv() == ["inherited: clear", "fresh: held"]
+    finally:
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+        inherited.close()
+    assert process.exitcode == 0

@@ -188,12 +188,25 @@ def new_token():
     return _new_token()
 
 
-def _empty_pool_after_fork():
+def _hold_pool_for_fork():
+    # Held across fork() so that no other thread can be inside the pool when the process is copied:
+    # a child must neither inherit a locked mutex nor the parent's unused random bytes.
+    _pool_mutex.acquire()
+
+
+def _resume_pool_in_parent():
+    _pool_mutex.release()
+
+
+def _empty_pool_in_child():
     global _pool_left
     _pool_left = 0
+    _pool_mutex.release()
 
 
-os.register_at_fork(after_in_child=_empty_pool_after_fork)
+os.register_at_fork(
+    before=_hold_pool_for_fork, after_in_parent=_resume_pool_in_parent, after_in_child=_empty_pool_in_child
+)
 
 
 # ---- input checks ------------------------------------------------------------------------------
