@@ -55,6 +55,7 @@ OBSERVATION_CACHE_SIZE = 4096
 POLL_INTERVAL_MS = 100
 ERROR_BACKOFF_MS = 25
 SCHEDULER_IDLE_EXIT_MS = 30_000
+RENEWAL_WORKERS = 8
 
 cdef int64_t NS_PER_MS = 1_000_000
 
@@ -1035,7 +1036,8 @@ cdef class Lease:
 # ---- renewal scheduler -------------------------------------------------------------------------
 @cython.final
 cdef class RenewalScheduler:
-    """Renews every held lease of one client from a single thread (see the twin for the design).
+    """Renews every held lease of one client: one scheduler thread that waits and dispatches, and a
+    bounded pool of request workers (see the twin for the design).
 
     The thread sleeps on ``_wake``, a PyThread lock held while no wake-up is pending, with the GIL
     released; ``_notify`` releases it. A clock that drives the scheduler itself gets no thread.
@@ -1049,8 +1051,11 @@ cdef class RenewalScheduler:
     cdef PyThread_type_lock _wake
     cdef bint _wake_pending  # under _mutex: True while _wake is released and not yet re-taken
     cdef object _thread
+    cdef object _workers  # ThreadPoolExecutor for renewal requests, made at the first dispatch
     cdef bint _closed
     cdef bint _manual
+    # Lateness of renewals (start time minus due time), under _mutex: count, max, total.
+    cdef int64_t _late_count, _late_max_ns, _late_total_ns
 
     def __cinit__(self):
         self._wake = PyThread_allocate_lock()
@@ -1158,9 +1163,32 @@ cdef class RenewalScheduler:
             lease = entry[2]
             if lease._renew_at_ns == due_ns:
                 lease._renew_at_ns = 0
+                self._late_count += 1
+                self._late_total_ns += now_ns - due_ns
+                if now_ns - due_ns > self._late_max_ns:
+                    self._late_max_ns = now_ns - due_ns
                 return lease
             self._stale -= 1
         return None
+
+    def lateness(self):
+        """(renewals started, max lateness ns, total lateness ns): how far behind their due times."""
+        with self._mutex:
+            return (self._late_count, self._late_max_ns, self._late_total_ns)
+
+    def _renew(self, Lease lease, int64_t now_ns):
+        """A worker thread: one renewal step, then the next due time back on the heap."""
+        self._reschedule(lease, lease.renew_step(now_ns))
+
+    cdef _dispatch(self, Lease lease, int64_t now_ns):
+        if self._workers is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._workers = ThreadPoolExecutor(RENEWAL_WORKERS, thread_name_prefix="fastlease-renewer")
+        try:
+            self._workers.submit(self._renew, lease, now_ns)
+        except RuntimeError:  # the pool was shut down by close(): leases lapse locally, as documented
+            pass
 
     cdef _reschedule(self, Lease lease, int64_t next_ns):
         if next_ns:
@@ -1201,7 +1229,7 @@ cdef class RenewalScheduler:
                     else:
                         wait_us = idle_ns // 1000
             if lease is not None:
-                self._reschedule(lease, lease.renew_step(now_ns))
+                self._dispatch(lease, now_ns)
                 continue
             wait_us = min(wait_us, 3_600_000_000)
             with nogil:
@@ -1221,3 +1249,5 @@ cdef class RenewalScheduler:
             thread = self._thread
         if isinstance(thread, threading.Thread) and thread is not threading.current_thread():
             thread.join(timeout=10)
+        if self._workers is not None:
+            self._workers.shutdown(wait=False)

@@ -42,6 +42,9 @@ POLL_INTERVAL_MS = 100
 ERROR_BACKOFF_MS = 25
 #: A renewal thread with nothing to renew for this long exits; the next acquisition starts another.
 SCHEDULER_IDLE_EXIT_MS = 30_000
+#: Renewal requests run on up to this many worker threads per client, so one slow request (up to its
+#: timeout) delays no other lease's renewal; the scheduler thread itself only waits and dispatches.
+RENEWAL_WORKERS = 8
 
 _NS_PER_MS = 1_000_000
 
@@ -944,7 +947,7 @@ _NEVER_SET = threading.Event()  # waited on for plain back-off sleeps that honou
 # Renewal scheduler: one thread per client, a heap of due renewals
 # ---------------------------------------------------------------------------------------------
 class RenewalScheduler:
-    """Renews every held lease of one client from a single thread.
+    """Renews every held lease of one client: one scheduler thread, a bounded pool of request workers.
 
     The heap holds (due_ns, sequence, lease). Cancelling is lazy: an entry is live only while
     ``lease._renew_at_ns == due_ns``; stale entries are dropped when popped, and the heap is compacted
@@ -959,8 +962,13 @@ class RenewalScheduler:
         self._stale = 0
         self._cond = threading.Condition(threading.Lock())
         self._thread: Optional[threading.Thread] = None
+        self._workers: Optional[Any] = None  # ThreadPoolExecutor, made at the first dispatch
         self._closed = False
         self._manual = bool(clock.attach_scheduler(self))
+        # Lateness of renewals (start time minus due time), under _cond: count, max, total.
+        self._late_count = 0
+        self._late_max_ns = 0
+        self._late_total_ns = 0
 
     def __len__(self) -> int:
         """Live scheduled renewals."""
@@ -1024,9 +1032,33 @@ class RenewalScheduler:
             due_ns, _, lease = heapq.heappop(heap)
             if lease._renew_at_ns == due_ns:
                 lease._renew_at_ns = 0
+                late_ns = now_ns - due_ns
+                self._late_count += 1
+                self._late_total_ns += late_ns
+                if late_ns > self._late_max_ns:
+                    self._late_max_ns = late_ns
                 return lease
             self._stale -= 1
         return None
+
+    def lateness(self) -> tuple:
+        """(renewals started, max lateness ns, total lateness ns): how far behind their due times."""
+        with self._cond:
+            return (self._late_count, self._late_max_ns, self._late_total_ns)
+
+    def _renew(self, lease: Lease, now_ns: int) -> None:
+        """A worker thread: one renewal step, then the next due time back on the heap."""
+        self._reschedule(lease, lease.renew_step(now_ns))
+
+    def _dispatch(self, lease: Lease, now_ns: int) -> None:
+        if self._workers is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._workers = ThreadPoolExecutor(RENEWAL_WORKERS, thread_name_prefix="fastlease-renewer")
+        try:
+            self._workers.submit(self._renew, lease, now_ns)
+        except RuntimeError:  # the pool was shut down by close(): leases lapse locally, as documented
+            pass
 
     def _reschedule(self, lease: Lease, next_ns: int) -> None:
         if next_ns:
@@ -1063,7 +1095,7 @@ class RenewalScheduler:
                     elif not self._cond.wait(SCHEDULER_IDLE_EXIT_MS / 1000) and not self._heap and not self._closed:
                         self._thread = None  # idle: exit; the next schedule() starts a new thread
                         return
-            self._reschedule(lease, lease.renew_step(now_ns))
+            self._dispatch(lease, now_ns)
 
     def close(self) -> None:
         """Stop the thread; held leases stop renewing and lapse locally at their validity."""
@@ -1073,3 +1105,5 @@ class RenewalScheduler:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
+        if self._workers is not None:
+            self._workers.shutdown(wait=False)
