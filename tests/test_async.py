@@ -209,3 +209,92 @@ def test_async_wait_timeout_raises_lock_not_acquired(real, store):
                     pass
 
     run(main())
+
+
+def cancellation_storm(client_factory, store_rows, *, tasks=1000, seed=None):
+    """Tasks contend on a few keys and are cancelled at random points of acquire, hold and release.
+    Returns (guards, overlaps, outcomes) once every background cleanup has finished."""
+    import random
+
+    seed = seed if seed is not None else random.randrange(2**32)
+    print(f"cancellation storm seed={seed}")
+    rng = random.Random(seed)
+    clients = [client_factory() for _ in range(3)]
+    guards = []
+    inside = {}
+    overlaps = []
+    outcomes = {"completed": 0, "cancelled": 0, "not_acquired": 0}
+
+    async def worker(lock, key):
+        async with lock:
+            inside[key] = inside.get(key, 0) + 1
+            try:
+                if inside[key] != 1:
+                    overlaps.append(key)
+                await asyncio.sleep(rng.uniform(0, 0.002))  # a cancellation may land here: the hold
+            finally:
+                inside[key] -= 1
+
+    async def main():
+        for _ in range(tasks // 10):
+            batch = []
+            for _ in range(10):
+                key = f"k{rng.randrange(3)}"
+                lock = DistributedLock(rng.choice(clients), table="locks", key=key, lease_duration=5, wait_timeout=1)
+                guards.append(lock._guard)
+                batch.append(asyncio.ensure_future(worker(lock, key)))
+            for task in batch:
+                if rng.random() < 0.8:
+                    asyncio.get_running_loop().call_later(rng.uniform(0, 0.004), task.cancel)
+            for result in await asyncio.gather(*batch, return_exceptions=True):
+                if isinstance(result, asyncio.CancelledError):
+                    outcomes["cancelled"] += 1
+                elif isinstance(result, LockNotAcquired):
+                    outcomes["not_acquired"] += 1
+                elif result is None:
+                    outcomes["completed"] += 1
+                else:
+                    raise result
+        # Background cleanups (releases after a cancel) finish within the cleanup budget.
+        await until(lambda: all(g.state in ("released", "failed", "lost") for g in guards), seconds=30)
+
+    run(main())
+    assert store_rows() == {}
+    return guards, overlaps, outcomes
+
+
+def test_a_thousand_random_cancellations_leave_no_guard_and_no_row(real, store):
+    guards, overlaps, outcomes = cancellation_storm(real, lambda: store.rows("locks"))
+    assert overlaps == []
+    assert sum(outcomes.values()) == 1000
+    assert outcomes["cancelled"] > 100 and outcomes["completed"] > 50  # the storm hit both paths
+    assert [g for g in guards if g.state == "held"] == []
+
+
+def test_random_cancellations_against_the_dynamodb_server(moto_endpoint, moto_session, core):
+    from fastlease.dynamodb import DynamoDBClient
+
+    clients = []
+
+    def factory():
+        client = DynamoDBClient(session=moto_session, endpoint_url=moto_endpoint, _core=core)
+        clients.append(client)
+        return client
+
+    admin = factory()
+    if admin.lock_table_exists("locks"):
+        admin.boto3_client.delete_table(TableName="locks")
+    admin.create_lock_table("locks")
+
+    def rows():
+        items = admin.boto3_client.scan(TableName="locks", ConsistentRead=True)["Items"]
+        return {item["key"]["S"]: item for item in items}
+
+    try:
+        guards, overlaps, outcomes = cancellation_storm(factory, rows, tasks=300)
+    finally:
+        for client in clients:
+            client.close()
+    assert overlaps == []
+    assert outcomes["cancelled"] > 30 and outcomes["completed"] > 10
+    assert [g for g in guards if g.state == "held"] == []
