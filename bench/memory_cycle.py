@@ -1,4 +1,5 @@
-"""Uncontended acquire+release cycles per second on the in-memory store, side by side in one run:
+"""Uncontended acquire+release cycles per second on the in-memory store (``with``, decorator and
+``async with``), side by side in one run:
 fastlease's compiled core (c), its pure-Python twin (py) and pydynox 1.8.0's MemoryBackend.
 
 Rounds are interleaved so that machine noise (±25% on shared 2-core hosts) hits every contender alike;
@@ -9,6 +10,7 @@ the median and best round of each are printed, with the ratios. Run: ``make benc
 from __future__ import annotations
 
 import argparse
+import asyncio
 import platform
 import statistics
 import sys
@@ -17,13 +19,14 @@ from typing import Any, Callable
 
 import fastlease._core as compiled
 import fastlease._core_py as twin
-from fastlease import MemoryClient, SyncDistributedLock, distributed_lock
+from fastlease import DistributedLock, MemoryClient, SyncDistributedLock, distributed_lock
 
 Runner = Callable[[int], None]
 
 
-def context_and_decorator(lock_class: Any, decorator: Any, client: Any) -> dict[str, Runner]:
-    """The same two workloads for every library: a ``with`` block, and a decorated function."""
+def context_and_decorator(lock_class: Any, decorator: Any, client: Any, async_class: Any) -> dict[str, Runner]:
+    """The same three workloads for every library: a ``with`` block, a decorated function, and an
+    ``async with`` block run by one event loop."""
 
     def with_block(cycles: int) -> None:
         for _ in range(cycles):
@@ -38,15 +41,24 @@ def context_and_decorator(lock_class: Any, decorator: Any, client: Any) -> dict[
         for _ in range(cycles):
             decorated("x")
 
-    return {"with": with_block, "decorator": decorated_calls}
+    def async_block(cycles: int) -> None:
+        async def loop() -> None:
+            for _ in range(cycles):
+                async with async_class(client, table="locks", key="bench-async"):
+                    pass
+
+        asyncio.run(loop())
+
+    return {"with": with_block, "decorator": decorated_calls, "async with": async_block}
 
 
 def fastlease_runners(core: Any) -> tuple[dict[str, Runner], Callable[[], None]]:
     client = MemoryClient(_core=core)
-    return context_and_decorator(SyncDistributedLock, distributed_lock, client), client.close
+    return context_and_decorator(SyncDistributedLock, distributed_lock, client, DistributedLock), client.close
 
 
 def pydynox_runners() -> tuple[dict[str, Runner], Callable[[], None]]:
+    from pydynox.lock import DistributedLock as PydynoxAsyncLock
     from pydynox.lock import SyncDistributedLock as PydynoxLock
     from pydynox.lock import distributed_lock as pydynox_lock
     from pydynox.testing import MemoryBackend
@@ -55,7 +67,8 @@ def pydynox_runners() -> tuple[dict[str, Runner], Callable[[], None]]:
     backend.__enter__()
     client = backend.client
     client.sync_create_table("locks", partition_key=("key", "S"))
-    return context_and_decorator(PydynoxLock, pydynox_lock, client), lambda: backend.__exit__(None, None, None)
+    runners = context_and_decorator(PydynoxLock, pydynox_lock, client, PydynoxAsyncLock)
+    return runners, lambda: backend.__exit__(None, None, None)
 
 
 def main() -> int:
@@ -74,15 +87,16 @@ def main() -> int:
 
     print(f"# memory_cycle: {args.rounds} interleaved rounds x {args.cycles} cycles, "
           f"Python {platform.python_version()}, {platform.machine()}, {time.strftime('%Y-%m-%d')}")
-    for workload in ("with", "decorator"):
+    for workload in ("with", "decorator", "async with"):
+        cycles = args.cycles if workload != "async with" else max(args.cycles // 10, 100)
         for runners, _ in contenders.values():
-            runners[workload](1000)  # warm-up
+            runners[workload](min(cycles, 1000))  # warm-up
         rates: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(args.rounds):
             for name, (runners, _) in contenders.items():
                 start = time.perf_counter()
-                runners[workload](args.cycles)
-                rates[name].append(args.cycles / (time.perf_counter() - start))
+                runners[workload](cycles)
+                rates[name].append(cycles / (time.perf_counter() - start))
         print(f"\n{workload} workload: uncontended acquire+release")
         print(f"{'implementation':<16}{'median cycles/s':>17}{'best cycles/s':>15}{'us/cycle':>10}")
         medians = {}
