@@ -77,7 +77,7 @@ def main() -> int:
     for lease_s, busy_s, kind in scenarios:
         sum_n = calibrate_sum(busy_s) if kind.startswith("C call") else 0
 
-        def work() -> None:
+        def work(kind: str = kind, busy_s: float = busy_s, sum_n: int = sum_n) -> None:
             busy(kind, busy_s, sum_n)
 
         ours = fastlease_hold(lease_s, work)

@@ -11,7 +11,7 @@ from fastlease.stores.base import LockRow
 ABANDONED = LockRow("dead-owner", "dead-version", 10_000, 1)  # a crashed holder's 10 s lease
 
 
-def test_takeover_happens_one_full_lease_after_the_first_observation(make_client, clock, store):
+def test_takeover_happens_one_full_lease_after_the_first_observation(core, make_client, clock, store):
     store.plant("locks", "k", ABANDONED)
     client = make_client(clock=clock)
     start = clock.monotonic_ns()
@@ -21,8 +21,9 @@ def test_takeover_happens_one_full_lease_after_the_first_observation(make_client
     assert waited_ns == 10_000_000_000  # exactly the stored lease, measured from the first sighting
     metrics = lease.metrics
     assert metrics.write_requests == 3  # one failed put, the takeover, the release: polls only read
-    # Polls every 50-150 ms (jittered) over the 10 s: between ~67 and ~200 reads.
-    assert 10_000 // 150 <= metrics.read_requests <= 10_000 // 50 + 2
+    # Polls every 0.5-1.5 poll intervals (jittered) over the 10 s.
+    poll_ms = core.POLL_INTERVAL_MS
+    assert 10_000 // (1.5 * poll_ms) <= metrics.read_requests <= 10_000 // (0.5 * poll_ms) + 2
 
 
 def test_no_takeover_before_a_full_lease_even_for_an_old_row(make_client, clock, store):

@@ -52,7 +52,9 @@ MIN_LEASE_MS = 100
 MAX_DURATION_MS = 86_400_000
 MAX_KEY_BYTES = 2048
 OBSERVATION_CACHE_SIZE = 4096
-POLL_INTERVAL_MS = 100
+POLL_INTERVAL_MS = 125
+YIELD_WINDOW_MS = 2 * POLL_INTERVAL_MS
+CONTENTION_MEMORY_MS = 10_000
 ERROR_BACKOFF_MS = 25
 SCHEDULER_IDLE_EXIT_MS = 30_000
 RENEWAL_WORKERS = 8
@@ -422,42 +424,79 @@ cdef class ObservationCache:
 # ---- same-process wake-up on release -----------------------------------------------------------
 @cython.final
 cdef class ReleaseSignals:
-    """Wakes this client's waiters on a key as soon as this client releases that key.
-    Entries are reference-counted by waiters and removed by the last one."""
+    """Handoff between this client's waiters and others: first-come first-served wake-ups on release,
+    and turn-taking after contention (see the twin for the reasoning)."""
 
-    cdef dict _entries  # cache_key -> [Event, number of waiters]
+    cdef dict _queues  # cache_key -> [ticket, ...], oldest first; removed when empty
+    cdef dict _contended  # cache_key -> (last release, last time found held); recent contention only
     cdef cython.pymutex _mutex
 
     def __init__(self):
-        self._entries = {}
+        self._queues = {}
+        self._contended = {}
 
-    cpdef wait(self, clock, tuple cache_key, double timeout_s):
-        cdef list entry
-        fresh = threading.Event()  # made outside the mutex: it runs Python code
+    cpdef wait(self, clock, tuple cache_key, ticket, double timeout_s):
+        """Wait up to ``timeout_s`` (or until woken), queued behind earlier waiters on the key."""
+        cdef list queue
         with self._mutex:
-            entry = self._entries.get(cache_key)
-            if entry is None:
-                entry = [fresh, 0]
-                self._entries[cache_key] = entry
-            entry[1] += 1
-        try:
-            clock.wait(entry[0], timeout_s)
-        finally:
-            with self._mutex:
-                entry[1] -= 1
-                if entry[1] == 0 and self._entries.get(cache_key) is entry:
-                    del self._entries[cache_key]
+            queue = self._queues.get(cache_key)
+            if queue is None:
+                queue = []
+                self._queues[cache_key] = queue
+            if ticket not in queue:
+                queue.append(ticket)
+        clock.wait(ticket, timeout_s)
+
+    cpdef leave(self, tuple cache_key, ticket, bint acquired):
+        """The waiter's acquisition is over; without the lease, it hands an unused wake-up on."""
+        cdef list queue
+        cdef bint was_head
+        next_head = None
+        with self._mutex:
+            queue = self._queues.get(cache_key)
+            if queue is None or ticket not in queue:
+                return
+            was_head = queue[0] is ticket
+            queue.remove(ticket)
+            if not queue:
+                del self._queues[cache_key]
+            elif was_head and not acquired:
+                next_head = queue[0]
+        if next_head is not None and ticket.is_set():
+            next_head.set()
 
     cpdef notify(self, tuple cache_key):
-        cdef list entry
-        if self._entries:  # the uncontended release skips the mutex
+        """This client released the key: wake its oldest waiter."""
+        cdef list queue
+        head = None
+        if self._queues:  # the uncontended release skips the mutex
             with self._mutex:
-                entry = self._entries.pop(cache_key, None)
-            if entry is not None:
-                entry[0].set()
+                queue = self._queues.get(cache_key)
+                if queue:
+                    head = queue[0]
+            if head is not None:
+                head.set()
+
+    cpdef released(self, tuple cache_key, bint contended, int64_t now_ns):
+        """This client released ``cache_key``; ``contended`` if that acquisition found it held."""
+        if contended or self._contended:
+            with self._mutex:
+                previous = self._contended.pop(cache_key, None)
+                last_contended = now_ns if contended else (previous[1] if previous is not None else None)
+                if last_contended is not None and now_ns - <int64_t>last_contended < CONTENTION_MEMORY_MS * NS_PER_MS:
+                    if len(self._contended) >= OBSERVATION_CACHE_SIZE:
+                        del self._contended[next(iter(self._contended))]
+                    self._contended[cache_key] = (now_ns, last_contended)
+        self.notify(cache_key)
+
+    cpdef bint should_yield(self, tuple cache_key, int64_t now_ns):
+        """Should a new acquisition of ``cache_key`` let other contenders go first?"""
+        entry = self._contended.get(cache_key) if self._contended else None
+        return entry is not None and now_ns - <int64_t>entry[0] < YIELD_WINDOW_MS * NS_PER_MS
 
     def __len__(self):
-        return len(self._entries)
+        """Keys with waiters queued."""
+        return len(self._queues)
 
 
 # ---- the lease state machine -------------------------------------------------------------------
@@ -511,6 +550,7 @@ cdef class Lease:
     cdef bint _row_seen  # the last attempt found the key held; caller only
     # Set by cancel() from any thread (an async task was cancelled); read by the caller's thread.
     cdef bint _cancelled
+    cdef object _ticket  # our place in the client's wait queue (an Event); caller only
     # Caller-thread counters.
     cdef int64_t _writes, _reads, _conditional_failures, _request_failures
     cdef int64_t _wait_timeouts, _cleanup_failures, _wait_ns
@@ -704,13 +744,21 @@ cdef class Lease:
         start_ns = self._mono()
         deadline_ns = start_ns + self.wait_ms * NS_PER_MS
         last_error = None
+        cdef bint acquired = False
         try:
+            if self.wait_ms and self._signals.should_yield(self._cache_key, start_ns):
+                # We just had this key and others want it: let a waiting contender go first.
+                delay_ns = <int64_t>(POLL_INTERVAL_MS * NS_PER_MS * (0.5 + _random()))
+                self._wait_turn(min(delay_ns, self.wait_ms * NS_PER_MS))
             while True:
+                if self._ticket is not None:
+                    self._ticket.clear()  # a wake-up from now on is for the next attempt
                 try:
                     # Requests get their full timeout even when the wait budget is shorter (or 0):
                     # the budget limits waiting for contention, not the network.
                     if self._attempt(max(deadline_ns, self._mono() + request_timeout_ns(self.lease_ms))):
                         self._wait_ns = self._mono() - start_ns
+                        acquired = True
                         return
                     delay_ns = min(self._hint_ns, <int64_t>(POLL_INTERVAL_MS * NS_PER_MS * (0.5 + _random())))
                     backoff_ns = ERROR_BACKOFF_MS * NS_PER_MS
@@ -722,12 +770,15 @@ cdef class Lease:
                 if self.wait_ms == 0 or remaining_ns <= 0 or self._cancelled:
                     break
                 # A wait that would cross the deadline is cut to it, then one last attempt is made.
-                self._signals.wait(self._clock, self._cache_key, min(delay_ns, remaining_ns) / 1e9)
+                self._wait_turn(min(delay_ns, remaining_ns))
                 if self._cancelled:
                     break
         except BaseException:
             self._fail_acquisition(start_ns)
             raise
+        finally:
+            if self._ticket is not None:
+                self._signals.leave(self._cache_key, self._ticket, acquired)
         self._fail_acquisition(start_ns)
         if self._cancelled:
             raise LockNotAcquired(f"acquisition of {self.key!r} in table {self.table!r} was cancelled", key=self.key)
@@ -741,7 +792,15 @@ cdef class Lease:
         """Give up an acquisition from any thread. The waiting stops at its next step, and a write
         confirmed after this is deleted rather than held. No effect once the lease is held."""
         self._cancelled = True
-        self._signals.notify(self._cache_key)
+        ticket = self._ticket
+        if ticket is not None:
+            ticket.set()
+
+    cdef _wait_turn(self, int64_t delay_ns):
+        """Sleep up to delay_ns in this client's queue for the key (woken early on our turn)."""
+        if self._ticket is None:
+            self._ticket = threading.Event()
+        self._signals.wait(self._clock, self._cache_key, self._ticket, delay_ns / 1e9)
 
     cdef _fail_acquisition(self, int64_t start_ns):
         """The acquisition is abandoned (budget spent, error, interrupt): leave nothing behind."""
@@ -985,7 +1044,7 @@ cdef class Lease:
                 if self.state == RELEASING_:
                     self.state = RELEASED_
         if deleted:
-            self._signals.notify(self._cache_key)
+            self._signals.released(self._cache_key, self._row_seen, self._mono())
             return
         # The row was not ours any more: someone took over (or removed it). Fail closed.
         self.note_stolen()

@@ -37,7 +37,12 @@ MAX_KEY_BYTES = 2048
 OBSERVATION_CACHE_SIZE = 4096
 #: Contended waiters poll the store about this often (jittered 50%..150%), whatever their own lease:
 #: it bounds cross-process handoff, while same-process waiters are woken at once on release.
-POLL_INTERVAL_MS = 100
+POLL_INTERVAL_MS = 125
+#: After releasing a key it has recently had to wait for, a client gives others the next turn if it
+#: comes back for the same key within this window (see ReleaseSignals).
+YIELD_WINDOW_MS = 2 * POLL_INTERVAL_MS
+#: How long a client remembers having found a key held, as evidence that others want it.
+CONTENTION_MEMORY_MS = 10_000
 #: First back-off after a transient store error while waiting; doubles up to POLL_INTERVAL_MS * 5.
 ERROR_BACKOFF_MS = 25
 #: A renewal thread with nothing to renew for this long exits; the next acquisition starts another.
@@ -326,42 +331,84 @@ class ObservationCache:
 # Same-process wake-up on release
 # ---------------------------------------------------------------------------------------------
 class ReleaseSignals:
-    """Wakes this client's waiters on a key as soon as this client releases that key.
+    """Handoff between this client's waiters and others: wake-ups on release, and turn-taking.
 
-    Entries are reference-counted by waiters and removed by the last one, so waiting on many
-    distinct keys over a process's life does not accumulate events. A missed wake-up only leaves a
-    waiter to its next poll; it can never admit one, since the waiter still has to win the write.
+    * This client's waiters on a key queue up in arrival order (each with its own ticket, an Event).
+      When this client releases the key, only the oldest waiter is woken, at once; the others sleep to
+      their next poll. That makes handoff inside a process first-come first-served and keeps a herd
+      of waiters from all reading the row on every release. A waiter that gives up passes a wake-up it
+      did not use on to the next. A missed wake-up only leaves a waiter to its next poll; it can never
+      admit one, since the waiter still has to win the conditional write.
+    * Turn-taking: a client that released a key it has recently had to wait for (so others want it
+      too) lets the others have the next turn: its next acquisition of that key within
+      ``YIELD_WINDOW_MS`` first waits up to one poll, queued behind this client's waiters. Without
+      this, a releaser that loops straight back always beats waiters that are asleep between polls.
+      Waiters in other processes are invisible, so recent contention is the only evidence; a client
+      that never waits for a key never yields it.
     """
 
-    __slots__ = ("_entries", "_mutex")
+    __slots__ = ("_queues", "_mutex", "_contended")
 
     def __init__(self) -> None:
-        self._entries: dict = {}  # cache_key -> [Event, number of waiters]
+        self._queues: dict = {}  # cache_key -> [ticket, ...], oldest first; removed when empty
         self._mutex = threading.Lock()
+        # cache_key -> (this client's last release, when it last found the key held); LRU, and only
+        # for keys contended within CONTENTION_MEMORY_MS, so the uncontended path stays empty.
+        self._contended: dict = {}
 
-    def wait(self, clock: Any, cache_key: tuple, timeout_s: float) -> None:
+    def wait(self, clock: Any, cache_key: tuple, ticket: threading.Event, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` (or until woken), queued behind earlier waiters on the key."""
         with self._mutex:
-            entry = self._entries.get(cache_key)
-            if entry is None:
-                entry = self._entries[cache_key] = [threading.Event(), 0]
-            entry[1] += 1
-        try:
-            clock.wait(entry[0], timeout_s)
-        finally:
-            with self._mutex:
-                entry[1] -= 1
-                if entry[1] == 0 and self._entries.get(cache_key) is entry:
-                    del self._entries[cache_key]
+            queue = self._queues.get(cache_key)
+            if queue is None:
+                queue = self._queues[cache_key] = []
+            if ticket not in queue:
+                queue.append(ticket)
+        clock.wait(ticket, timeout_s)
+
+    def leave(self, cache_key: tuple, ticket: threading.Event, acquired: bool) -> None:
+        """The waiter's acquisition is over; without the lease, it hands an unused wake-up on."""
+        with self._mutex:
+            queue = self._queues.get(cache_key)
+            if queue is None or ticket not in queue:
+                return
+            was_head = queue[0] is ticket
+            queue.remove(ticket)
+            if not queue:
+                del self._queues[cache_key]
+            elif was_head and ticket.is_set() and not acquired:
+                queue[0].set()
 
     def notify(self, cache_key: tuple) -> None:
-        if self._entries:  # the uncontended release skips the mutex
+        """This client released the key: wake its oldest waiter."""
+        if self._queues:  # the uncontended release skips the mutex
             with self._mutex:
-                entry = self._entries.pop(cache_key, None)
-            if entry is not None:
-                entry[0].set()
+                queue = self._queues.get(cache_key)
+                head = queue[0] if queue else None
+            if head is not None:
+                head.set()
+
+    def released(self, cache_key: tuple, contended: bool, now_ns: int) -> None:
+        """This client released ``cache_key``; ``contended`` if that acquisition found it held."""
+        if contended or self._contended:
+            with self._mutex:
+                previous = self._contended.pop(cache_key, None)
+                last_contended_ns = now_ns if contended else (previous[1] if previous else None)
+                if last_contended_ns is not None and now_ns - last_contended_ns < CONTENTION_MEMORY_MS * _NS_PER_MS:
+                    if len(self._contended) >= OBSERVATION_CACHE_SIZE:
+                        del self._contended[next(iter(self._contended))]
+                    self._contended[cache_key] = (now_ns, last_contended_ns)
+        self.notify(cache_key)
+
+    def should_yield(self, cache_key: tuple, now_ns: int) -> bool:
+        """Should a new acquisition of ``cache_key`` let other contenders go first? Yes when this client
+        released it moments ago and has seen it contended lately: the others are probably waiting."""
+        entry = self._contended.get(cache_key)
+        return entry is not None and now_ns - entry[0] < YIELD_WINDOW_MS * _NS_PER_MS
 
     def __len__(self) -> int:
-        return len(self._entries)
+        """Keys with waiters queued."""
+        return len(self._queues)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,6 +488,7 @@ class Lease:
         self._row_seen = False  # the last attempt found the key held; caller only
         # Set by cancel() from any thread (an async task was cancelled); read by the caller's thread.
         self._cancelled = False
+        self._ticket: Optional[threading.Event] = None  # our place in the client's wait queue; caller
         # Caller-thread counters.
         self._writes = 0
         self._reads = 0
@@ -606,13 +654,22 @@ class Lease:
         deadline_ns = start_ns + self.wait_ms * _NS_PER_MS
         backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
         last_error: Optional[BaseException] = None
+        signals = self._client._release_signals
+        acquired = False
         try:
+            if self.wait_ms and signals.should_yield(self._cache_key, start_ns):
+                # We just had this key and others want it: let a waiting contender go first.
+                courtesy_ns = int(POLL_INTERVAL_MS * _NS_PER_MS * (0.5 + random.random()))
+                self._wait_turn(signals, min(courtesy_ns, self.wait_ms * _NS_PER_MS))
             while True:
+                if self._ticket is not None:
+                    self._ticket.clear()  # a wake-up from now on is for the next attempt
                 try:
                     # Requests get their full timeout even when the wait budget is shorter (or 0):
                     # the budget limits waiting for contention, not the network.
                     if self._attempt(max(deadline_ns, clock.monotonic_ns() + request_timeout_ns(self.lease_ms))):
                         self._wait_ns = clock.monotonic_ns() - start_ns
+                        acquired = True
                         return
                     delay_ns = min(self._hint_ns, int(POLL_INTERVAL_MS * _NS_PER_MS * (0.5 + random.random())))
                     backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
@@ -624,12 +681,15 @@ class Lease:
                 if self.wait_ms == 0 or remaining_ns <= 0 or self._cancelled:
                     break
                 # A wait that would cross the deadline is cut to it, then one last attempt is made.
-                self._client._release_signals.wait(clock, self._cache_key, min(delay_ns, remaining_ns) / 1e9)
+                self._wait_turn(signals, min(delay_ns, remaining_ns))
                 if self._cancelled:
                     break
         except BaseException:
             self._fail_acquisition(start_ns)
             raise
+        finally:
+            if self._ticket is not None:
+                signals.leave(self._cache_key, self._ticket, acquired)
         self._fail_acquisition(start_ns)
         if self._cancelled:
             raise LockNotAcquired(f"acquisition of {self.key!r} in table {self.table!r} was cancelled", key=self.key)
@@ -644,7 +704,15 @@ class Lease:
         confirmed after this is deleted rather than held: a late success never revives a cancelled
         guard. No effect once the lease is held (release it instead)."""
         self._cancelled = True
-        self._client._release_signals.notify(self._cache_key)
+        ticket = self._ticket
+        if ticket is not None:
+            ticket.set()
+
+    def _wait_turn(self, signals: ReleaseSignals, delay_ns: int) -> None:
+        """Sleep up to delay_ns in this client's queue for the key (woken early on our turn)."""
+        if self._ticket is None:
+            self._ticket = threading.Event()
+        signals.wait(self._clock, self._cache_key, self._ticket, delay_ns / 1e9)
 
     def _fail_acquisition(self, start_ns: int) -> None:
         """The acquisition is abandoned (budget spent, error, interrupt): leave nothing behind."""
@@ -888,7 +956,7 @@ class Lease:
                 if self.state == RELEASING:
                     self.state = RELEASED
         if deleted:
-            self._client._release_signals.notify(self._cache_key)
+            self._client._release_signals.released(self._cache_key, self._row_seen, self._clock.monotonic_ns())
             return
         # The row was not ours any more: someone took over (or removed it). Fail closed.
         self.note_stolen()

@@ -1,0 +1,172 @@
+"""Handoff between contenders: 4 workers loop on one key (acquire, 5 ms of work, release) for a while.
+
+Side by side in one run, fastlease and pydynox 1.8.0:
+  * threads sharing one client on the in-memory store;
+  * processes (spawn), one client each, against one serialised moto DynamoDB server.
+
+Reported: handoff latency p50/p99 (from one holder's release to the next acquisition by another
+worker, on the system-wide monotonic clock), each worker's share of the acquisitions, and reads per
+acquisition and per waiting second. Run: ``.venv/bin/python bench/handoff.py [--seconds 10]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+WORKERS = 4
+WORK_S = 0.005
+TABLE = "handoff_locks"
+CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
+
+
+def run_worker(library: str, client: Any, seconds: float, start_at: float) -> dict[str, Any]:
+    """Loop until the shared deadline; return hold intervals, reads and waiting time."""
+    if library == "fastlease":
+        from fastlease import LockNotAcquired, SyncDistributedLock
+
+        def guard() -> Any:
+            return SyncDistributedLock(client, table=TABLE, key="hot", lease_duration=30, wait_timeout=5)
+    else:
+        from pydynox.exceptions import LockNotAcquired  # type: ignore[no-redef]
+        from pydynox.lock import SyncDistributedLock as PydynoxLock
+
+        def guard() -> Any:
+            return PydynoxLock(client, table=TABLE, key="hot", lease_duration=30, wait_timeout=5)
+
+    holds, reads, waited_ms = [], 0, 0.0
+    while time.monotonic() < start_at:
+        time.sleep(0.001)
+    deadline = start_at + seconds
+    while time.monotonic() < deadline:
+        lock = guard()
+        try:
+            with lock:
+                acquired = time.monotonic()
+                time.sleep(WORK_S)
+                released = time.monotonic()
+        except LockNotAcquired:
+            continue
+        finally:
+            metrics = lock.metrics
+            reads += metrics.read_requests
+            waited_ms += metrics.wait_ms
+        holds.append((acquired, released))
+    return {"holds": holds, "reads": reads, "waited_ms": waited_ms}
+
+
+def process_worker(library: str, endpoint: str, seconds: float, start_at: float, out: Any) -> None:
+    if library == "fastlease":
+        import boto3
+
+        from fastlease.dynamodb import DynamoDBClient
+
+        client: Any = DynamoDBClient(session=boto3.session.Session(**CREDENTIALS), endpoint_url=endpoint)
+    else:
+        from pydynox import DynamoDBClient as PydynoxClient
+
+        client = PydynoxClient(region="us-east-1", access_key="testing", secret_key="testing", endpoint_url=endpoint)
+    out.send(run_worker(library, client, seconds, start_at))
+
+
+def summarise(name: str, results: list[dict[str, Any]]) -> None:
+    timeline = sorted((start, end, worker) for worker, result in enumerate(results) for start, end in result["holds"])
+    # A handoff is the gap from one holder's release to the next acquisition by *another* worker;
+    # a worker taking the key straight back is not a handoff (and is what starves the others).
+    handoffs = [max(0.0, nxt[0] - cur[1]) * 1000 for cur, nxt in zip(timeline, timeline[1:]) if nxt[2] != cur[2]]
+    total = len(timeline)
+    shares = [len(result["holds"]) / total * 100 if total else 0.0 for result in results]
+    reads = sum(result["reads"] for result in results)
+    waited_s = sum(result["waited_ms"] for result in results) / 1000
+    p50 = statistics.median(handoffs) if handoffs else float("nan")
+    p99 = sorted(handoffs)[int(len(handoffs) * 0.99)] if handoffs else float("nan")
+    print(f"{name:<32}{total:>7}{p50:>10.1f}{p99:>10.1f}   {' '.join(f'{s:4.0f}%' for s in shares)}"
+          f"{reads / max(total, 1):>9.2f}{reads / max(waited_s, 1e-9):>10.1f}")
+
+
+def threads_on_memory(library: str, seconds: float) -> list[dict[str, Any]]:
+    if library == "fastlease":
+        from fastlease import MemoryClient
+
+        client: Any = MemoryClient()
+        backend = None
+    else:
+        from pydynox.testing import MemoryBackend
+
+        backend = MemoryBackend()
+        backend.__enter__()
+        client = backend.client
+        client.sync_create_table(TABLE, partition_key=("key", "S"))
+    results: list[Any] = [None] * WORKERS
+    start_at = time.monotonic() + 0.2
+
+    def work(index: int) -> None:
+        results[index] = run_worker(library, client, seconds, start_at)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(WORKERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + 30)
+    if backend is not None:
+        backend.__exit__(None, None, None)
+    else:
+        client.close()
+    return results
+
+
+def processes_on_dynamodb(library: str, endpoint: str, seconds: float) -> list[dict[str, Any]]:
+    context = multiprocessing.get_context("spawn")
+    start_at = time.monotonic() + 3.0  # time for the children to import and connect
+    pipes, processes = [], []
+    for _ in range(WORKERS):
+        receiver, sender = context.Pipe(duplex=False)
+        process = context.Process(target=process_worker, args=(library, endpoint, seconds, start_at, sender))
+        process.start()
+        pipes.append(receiver)
+        processes.append(process)
+    try:
+        return [pipe.recv() if pipe.poll(seconds + 60) else {"holds": [], "reads": 0, "waited_ms": 0.0}
+                for pipe in pipes]
+    finally:
+        for process in processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    import boto3
+
+    from fastlease.testing_moto import MotoServer
+
+    print(f"# handoff: {WORKERS} workers, {WORK_S * 1000:g} ms critical section, {args.seconds:g} s each, "
+          f"{time.strftime('%Y-%m-%d')}")
+    print(f"{'setup':<32}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
+          f"{'reads/acq':>9}{'reads/s wait':>10}")
+    for library in ("fastlease", "pydynox"):
+        summarise(f"{library}: threads, memory", threads_on_memory(library, args.seconds))
+    with MotoServer() as server:
+        boto3.client("dynamodb", endpoint_url=server.endpoint_url, **CREDENTIALS).create_table(
+            TableName=TABLE,
+            AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
+            KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        for library in ("fastlease", "pydynox"):
+            summarise(f"{library}: processes, DynamoDB", processes_on_dynamodb(library, server.endpoint_url,
+                                                                               args.seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
