@@ -85,8 +85,8 @@ def summarise(name: str, results: list[dict[str, Any]]) -> None:
     waited_s = sum(result["waited_ms"] for result in results) / 1000
     p50 = statistics.median(handoffs) if handoffs else float("nan")
     p99 = sorted(handoffs)[int(len(handoffs) * 0.99)] if handoffs else float("nan")
-    print(f"{name:<32}{total:>7}{p50:>10.1f}{p99:>10.1f}   {' '.join(f'{s:4.0f}%' for s in shares)}"
-          f"{reads / max(total, 1):>9.2f}{reads / max(waited_s, 1e-9):>10.1f}")
+    print(f"{name:<32}{total:>7}{p50:>10.1f}{p99:>10.1f}   {' '.join(f'{s:4.0f}%' for s in shares):<23}"
+          f"{reads / max(total, 1):>11.2f}{reads / max(waited_s, 1e-9):>14.1f}")
 
 
 def threads_on_memory(library: str, seconds: float) -> list[dict[str, Any]]:
@@ -152,7 +152,7 @@ def main() -> int:
     print(f"# handoff: {WORKERS} workers, {WORK_S * 1000:g} ms critical section, {args.seconds:g} s each, "
           f"{time.strftime('%Y-%m-%d')}")
     print(f"{'setup':<32}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
-          f"{'reads/acq':>9}{'reads/s wait':>10}")
+          f"{'reads/acq':>11}{'reads/s wait':>14}")
     for library in ("fastlease", "pydynox"):
         summarise(f"{library}: threads, memory", threads_on_memory(library, args.seconds))
     with MotoServer() as server:

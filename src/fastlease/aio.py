@@ -41,13 +41,30 @@ def _consume(future: "Future[Any] | asyncio.Future[Any]") -> None:
 
 
 async def _shielded(future: "Future[Any]") -> Any:
-    """Await a step that must not be interrupted: cancelling the caller leaves it running."""
-    waiter = asyncio.wrap_future(future)
-    try:
-        return await asyncio.shield(waiter)
-    except asyncio.CancelledError:
-        waiter.add_done_callback(_consume)
-        raise
+    """Await a step that must not be interrupted: cancelling the caller leaves it running.
+
+    The awaited object is a plain loop future that the worker thread completes; cancelling the task
+    cancels only that notification, never the step itself (which is why no ``asyncio.shield`` and no
+    ``wrap_future`` chain is needed: one future and one thread-safe callback per step)."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def deliver(step: "Future[Any]") -> None:  # on the loop thread
+        if waiter.cancelled():
+            _consume(step)  # the caller is gone: retrieve the outcome so nothing is left unretrieved
+        elif step.exception() is not None:
+            waiter.set_exception(step.exception())  # type: ignore[arg-type]
+        else:
+            waiter.set_result(step.result())
+
+    def on_done(step: "Future[Any]") -> None:  # on the worker thread (or at once, if already done)
+        try:
+            loop.call_soon_threadsafe(deliver, step)
+        except RuntimeError:  # the loop is closed: nobody awaits any more
+            _consume(step)
+
+    future.add_done_callback(on_done)
+    return await waiter
 
 
 class DistributedLock:
