@@ -526,7 +526,7 @@ cdef class Lease:
     cdef object _clock
     cdef bint _system_clock
     cdef tuple _cache_key
-    cdef ObservationCache _observations
+    cdef object _observations  # the client's ObservationCache, or a SharedObservationCache
     cdef RenewalScheduler _scheduler
     cdef ReleaseSignals _signals
     cdef cython.pymutex _mutex
@@ -845,6 +845,8 @@ cdef class Lease:
         owner, version, stored_lease_ms, _ = row
         now_ns = self._mono()
         seen_ns = self._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
+        if seen_ns < 0:  # a clock that is not comparable (never expected): observe afresh, fail safe
+            seen_ns = 0
         remaining_ns = <int64_t>stored_lease_ms * NS_PER_MS - seen_ns
         if remaining_ns > 0:
             self._hint_ns = remaining_ns
@@ -941,7 +943,8 @@ cdef class Lease:
             self._delete_owned(owner, cleanup_budget_ns(self.lease_ms), False)
             self._hint_ns = 0
             return False
-        self._observations.forget(self._cache_key)
+        if self._row_seen:  # only an acquisition that observed the key can have left a sighting
+            self._observations.forget(self._cache_key)
         self._scheduler.schedule(self, mono_ns + renew_interval_ns(self.lease_ms))
         return True
 

@@ -754,6 +754,8 @@ class Lease:
         owner, version, stored_lease_ms, _ = row
         now_ns = self._clock.monotonic_ns()
         seen_ns = self._client._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
+        if seen_ns < 0:  # a clock that is not comparable (never expected): observe afresh, fail safe
+            seen_ns = 0
         remaining_ns = stored_lease_ms * _NS_PER_MS - seen_ns
         if remaining_ns > 0:
             self._hint_ns = remaining_ns
@@ -856,7 +858,8 @@ class Lease:
             self._delete_owned(owner, cleanup_budget_ns(self.lease_ms))
             self._hint_ns = 0
             return False
-        self._client._observations.forget(self._cache_key)
+        if self._row_seen:  # only an acquisition that observed the key can have left a sighting
+            self._client._observations.forget(self._cache_key)
         self._client._scheduler.schedule(self, mono_ns + renew_interval_ns(self.lease_ms))
         return True
 

@@ -1,12 +1,14 @@
 """What every store's client shares: the engine objects that live once per client.
 
-A client owns one store adapter, one observation cache (4,096 entries), one renewal scheduler
-(one thread, started at the first acquisition) and the same-process release signals that wake
-waiters at once. Create one client per process and store, inside the worker process.
+A client owns one store adapter, one observation cache (4,096 entries; optionally shared with the
+other processes of the host, see ``fastlease.observations``), one renewal scheduler (one thread,
+started at the first acquisition) and the same-process release signals that wake waiters at once.
+Create one client per process and store, inside the worker process.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from types import ModuleType
 from typing import Any, Optional
@@ -20,13 +22,31 @@ ASYNC_WORKERS = 64
 class LeaseClient:
     """Base of every store client. Not used directly: see MemoryClient and the store clients."""
 
-    def __init__(self, store: Any, *, clock: Optional[Any] = None, _core: Optional[ModuleType] = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        *,
+        clock: Optional[Any] = None,
+        shared_observations: "bool | str | os.PathLike[str]" = False,
+        _core: Optional[ModuleType] = None,
+    ) -> None:
         core = _core if _core is not None else _impl.core
         self._core = core
         self._pid = core.current_pid()  # using this client in a forked child raises RuntimeError
         self._store = store
         self._clock = clock if clock is not None else core.SYSTEM_CLOCK
-        self._observations = core.ObservationCache(core.OBSERVATION_CACHE_SIZE)
+        own = core.ObservationCache(core.OBSERVATION_CACHE_SIZE)
+        if shared_observations is False:
+            self._observations: Any = own
+        elif shared_observations is True or isinstance(shared_observations, (str, os.PathLike)):
+            from .observations import SharedObservationCache
+
+            path = None if shared_observations is True else shared_observations
+            self._observations = SharedObservationCache(self._observation_scope(), own, path=path)
+        else:
+            raise TypeError(
+                f"shared_observations must be True, False or a file path, got {type(shared_observations).__name__}"
+            )
         self._scheduler = core.RenewalScheduler(self._clock)
         self._release_signals = core.ReleaseSignals()
         self._executor: Optional[Any] = None  # the async API's worker threads, made on first use
@@ -36,6 +56,10 @@ class LeaseClient:
     def implementation(self) -> str:
         """``"c"`` when this client runs the compiled engine, ``"py"`` for the pure-Python twin."""
         return str(self._core.IMPLEMENTATION)
+
+    def _observation_scope(self) -> str:
+        """What makes two clients' rows the same rows: stores override it (endpoint, file, ...)."""
+        return f"{type(self._store).__name__}:{id(self._store)}"
 
     def _check_in(self, lease: Any, transaction: Any) -> None:
         """Add the ownership check of ``lease`` to ``transaction``; stores with transactions override it."""

@@ -359,6 +359,10 @@ class DynamoDBClient(LeaseClient):
         if close is not None:
             close()
 
+    def _observation_scope(self) -> str:
+        # The same table name in another Region or endpoint is another table.
+        return f"dynamodb:{self.region_name}:{self.endpoint_url}"
+
     @property
     def region_name(self) -> str:
         return str(self.boto3_client.meta.region_name)
