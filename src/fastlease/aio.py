@@ -8,6 +8,7 @@ loop's default one: a few waits of up to ``wait_timeout`` would otherwise starve
   write confirmed afterwards is deleted instead of held; if the thread had already acquired, the
   lease is released in the background within its cleanup budget. No live guard is ever left.
 * cancelled while releasing: the release goes on to completion; the cancellation is re-raised.
+  (A store whose requests cannot block releases inline on the loop, which nothing can interrupt.)
 * nothing leaves a "Task exception was never retrieved" warning: background outcomes are consumed.
 """
 
@@ -119,7 +120,12 @@ class DistributedLock:
         exc: Optional[BaseException],
         traceback: Optional[TracebackType],
     ) -> None:
-        releasing = _run(self._guard._lease.client, self._guard.__exit__, exc_type, exc, traceback)
+        client = self._guard._lease.client
+        if not getattr(client._store, "blocking", True):
+            # A store whose requests cannot block (the in-memory one) releases right here: a release
+            # never waits for contention, so the event loop is not held up, and no thread hop is paid.
+            return self._guard.__exit__(exc_type, exc, traceback)
+        releasing = _run(client, self._guard.__exit__, exc_type, exc, traceback)
         try:
             await _shielded(releasing)
         except asyncio.CancelledError:

@@ -32,6 +32,9 @@ class UsageMeter(Protocol):
 class LockStore(Protocol):
     """Single atomic operations on lock rows keyed by (table, key)."""
 
+    #: True if a request can block (network, disk): the async API then runs it on a worker thread.
+    blocking: bool
+
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
     ) -> bool:

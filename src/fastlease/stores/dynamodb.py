@@ -198,6 +198,8 @@ def parse_row(item: dict[str, Any], key: str) -> LockRow:
 class DynamoDBStore:
     """The LockStore adapter for DynamoDB; one conditional request per operation, no protocol logic."""
 
+    blocking = True  # every request goes over the network
+
     def __init__(self, transport: Any) -> None:
         self.transport = transport
 

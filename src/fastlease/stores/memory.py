@@ -28,6 +28,12 @@ class MemoryStore:
         #: Optional fault hook: ``faults.run(operation, apply, args, timeout_s)``.
         self.faults: Optional[Any] = None
 
+    @property
+    def blocking(self) -> bool:
+        """Whether a request may block: never, unless a fault hook (delays, hangs) is installed.
+        The async API runs non-blocking releases on the event loop instead of a worker thread."""
+        return self.faults is not None
+
     # Each public operation routes through the fault hook only when one is installed.
     def _call(self, operation: str, apply: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
         faults = self.faults
