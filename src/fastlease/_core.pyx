@@ -747,8 +747,9 @@ cdef class Lease:
         cdef bint acquired = False
         try:
             if self.wait_ms and self._signals.should_yield(self._cache_key, start_ns):
-                # We just had this key and others want it: let a waiting contender go first.
-                delay_ns = <int64_t>(POLL_INTERVAL_MS * NS_PER_MS * (0.5 + _random()))
+                # We just had this key and others want it: let a waiting contender go first. The wait
+                # outlasts the longest poll interval, so every waiter polls at least once meanwhile.
+                delay_ns = <int64_t>(POLL_INTERVAL_MS * NS_PER_MS * (1.5 + 0.25 * _random()))
                 self._wait_turn(min(delay_ns, self.wait_ms * NS_PER_MS))
             while True:
                 if self._ticket is not None:

@@ -341,7 +341,8 @@ class ReleaseSignals:
       admit one, since the waiter still has to win the conditional write.
     * Turn-taking: a client that released a key it has recently had to wait for (so others want it
       too) lets the others have the next turn: its next acquisition of that key within
-      ``YIELD_WINDOW_MS`` first waits up to one poll, queued behind this client's waiters. Without
+      ``YIELD_WINDOW_MS`` first waits a little longer than the longest poll interval (so every waiter
+      polls meanwhile), queued behind this client's waiters. Without
       this, a releaser that loops straight back always beats waiters that are asleep between polls.
       Waiters in other processes are invisible, so recent contention is the only evidence; a client
       that never waits for a key never yields it.
@@ -658,8 +659,9 @@ class Lease:
         acquired = False
         try:
             if self.wait_ms and signals.should_yield(self._cache_key, start_ns):
-                # We just had this key and others want it: let a waiting contender go first.
-                courtesy_ns = int(POLL_INTERVAL_MS * _NS_PER_MS * (0.5 + random.random()))
+                # We just had this key and others want it: let a waiting contender go first. The wait
+                # outlasts the longest poll interval, so every waiter polls at least once meanwhile.
+                courtesy_ns = int(POLL_INTERVAL_MS * _NS_PER_MS * (1.5 + 0.25 * random.random()))
                 self._wait_turn(signals, min(courtesy_ns, self.wait_ms * _NS_PER_MS))
             while True:
                 if self._ticket is not None:
