@@ -151,6 +151,13 @@ def test_error_responses_become_service_errors(scripted):
     assert (info.value.code, info.value.message, info.value.status) == ("ConditionalCheckFailedException", "no", 400)
 
 
+def test_a_garbled_success_response_may_have_committed(scripted):
+    server = scripted(lambda n: response(b"{not json"))
+    with pytest.raises(StoreError) as info:
+        transport_for(server.port).call(*GET, 2.0)
+    assert info.value.maybe_committed is True
+
+
 def test_refused_connection_is_not_committed():
     probe = socket.create_server(("127.0.0.1", 0))
     port = probe.getsockname()[1]

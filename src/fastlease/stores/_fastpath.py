@@ -232,7 +232,10 @@ class FastTransport:
         else:
             status, payload = self._exchange(operation, headers, body, timeout_s)
         if status == 200:
-            return _decode_json(payload.decode()) if payload else {}  # type: ignore[no-any-return]
+            try:
+                return _decode_json(payload.decode()) if payload else {}  # type: ignore[no-any-return]
+            except ValueError as error:  # a garbled success: the write may well have been applied
+                raise StoreError(f"DynamoDB {operation}: undecodable response", maybe_committed=True) from error
         try:
             error = _decode_json(payload.decode("utf-8", "replace"))
             code = str(error.get("__type", "")).rpartition("#")[2]
