@@ -23,6 +23,9 @@ demo: $(INSTALLED)
 
 bench: $(INSTALLED)
 	$(PY) bench/memory_cycle.py
+	$(PY) bench/dynamodb_cycle.py
+	$(PY) bench/renewal_under_load.py
+	$(PY) bench/handoff.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info src/fastlease/_core.c src/fastlease/*.so
