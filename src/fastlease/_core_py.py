@@ -452,7 +452,7 @@ class Lease:
                 f"max_hold_ms must be 0 or an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {max_hold_ms!r}"
             )
         if on_lost is not None and not callable(on_lost):
-            raise TypeError(f"on_lost must be callable or None, got {type(on_lost).__name__}")
+            raise TypeError(f"on_lost must be a callable taking a LockLost, or None, got {type(on_lost).__name__}")
         check_not_forked(client._pid)
         self.table = check_table(table)
         self.key = check_key(key)
@@ -756,8 +756,6 @@ class Lease:
         owner, version, stored_lease_ms, _ = row
         now_ns = self._clock.monotonic_ns()
         seen_ns = self._client._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
-        if seen_ns < 0:  # a clock that is not comparable (never expected): observe afresh, fail safe
-            seen_ns = 0
         remaining_ns = stored_lease_ms * _NS_PER_MS - seen_ns
         if remaining_ns > 0:
             self._hint_ns = remaining_ns

@@ -79,6 +79,12 @@ class LeaseClient:
                     self._executor = ThreadPoolExecutor(max_workers=ASYNC_WORKERS, thread_name_prefix="fastlease-async")
         return self._executor
 
+    def _condition_check_item(self, lease: Any) -> dict[str, Any]:
+        """The raw transaction entry that checks ``lease``; only DynamoDB has one."""
+        raise TypeError(
+            f"condition_check_item() is for DynamoDB leases, not {type(self).__name__}; use check_in()"
+        )
+
     def close(self) -> None:
         """Stop the renewal thread. Leases still held lapse locally; their rows are recovered by others."""
         self._scheduler.close()

@@ -14,7 +14,6 @@ boto3's ``TypeSerializer``. Commits use your own boto3 client and its configurat
 
 from __future__ import annotations
 
-import asyncio
 from types import TracebackType
 from typing import Any, Mapping, Optional, Type
 
@@ -173,5 +172,8 @@ class Transaction(SyncTransaction):
     async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
                         traceback: Optional[TracebackType]) -> None:
         if exc is None:
-            # On the client's own pool, like every blocking step of the async API.
-            await asyncio.get_running_loop().run_in_executor(self.client._async_executor(), self.commit)
+            from .aio import _run, _shielded
+
+            # Like every blocking step of the async API: on the client's pool, and not torn off
+            # half-sent if the task is cancelled (the commit completes; its outcome is consumed).
+            await _shielded(_run(self.client, self.commit))

@@ -61,6 +61,7 @@ def max_hold_ms(max_hold: Optional[float]) -> int:
 
 
 def check_on_lost(on_lost: Optional[Callable[[LockLost], object]]) -> None:
+    """At decoration time (guards get the same check from the engine when they are made)."""
     if on_lost is not None and not callable(on_lost):
         raise TypeError(f"on_lost must be a callable taking a LockLost, got {type(on_lost).__name__}")
 
@@ -123,7 +124,6 @@ class SyncDistributedLock:
         on_lost: Optional[Callable[[LockLost], object]] = None,
     ) -> None:
         check_client(client)
-        check_on_lost(on_lost)
         self._lease = client._core.Lease(
             client, table, key, lease_duration_ms(lease_duration), wait_timeout_ms(wait_timeout),
             max_hold_ms(max_hold), on_lost,
@@ -209,11 +209,8 @@ class SyncDistributedLock:
         """The raw boto3 ``{"ConditionCheck": ...}`` entry for your own ``transact_write_items`` call
         (DynamoDB only). Raises LockLost if the lease is not valid now."""
         self._lease.raise_if_lost()
-        from .stores.dynamodb import DynamoDBClient, condition_check_item
-
-        if not isinstance(self._lease.client, DynamoDBClient):
-            raise TypeError("condition_check_item() is for DynamoDB leases; use check_in() on other stores")
-        return condition_check_item(self._lease)
+        item: dict[str, Any] = self._lease.client._condition_check_item(self._lease)
+        return item
 
     @property
     def metrics(self) -> LeaseMetrics:

@@ -7,8 +7,8 @@ winners in 1,600 four-way ``attribute_not_exists`` races; the window is narrow, 
 dependent, which makes it worse, not better: a flaky false pass or fail). A lock library cannot be tested
 against a store that breaks the very guarantee it relies on, so this module runs moto's own WSGI
 application behind a middleware that holds one global lock for each whole request. Connections are still
-accepted concurrently (werkzeug's threaded server), so clients really do race on the wire; only the store's
-handling of them is serialised, which is what real DynamoDB guarantees per item.
+accepted concurrently (a threaded HTTP/1.1 keep-alive server), so clients really do race on the wire; only
+the store's handling of them is serialised, which is what real DynamoDB guarantees per item.
 
 Use it as a script::
 
@@ -31,7 +31,6 @@ import argparse
 import collections
 import importlib.util
 import io
-import logging
 import os
 import queue
 import signal
@@ -70,8 +69,8 @@ class SerialisedWSGIApp:
     The lock covers calling the application *and* iterating and closing its response, because a WSGI
     application may do its work lazily while its body is iterated; releasing the lock when the call
     returns would let that work overlap the next request. The body is therefore buffered under the lock
-    and sent after it is released, and the request body is read from the socket before the lock is taken,
-    so a slow client (in either direction) never holds up the others.
+    and sent after it is released; the server reads each request body off the socket before calling the
+    application, so a slow client (in either direction) never holds up the others.
 
     The wait for the lock is bounded: if the application wedges, later requests get a 503 after
     ``lock_timeout_s`` instead of hanging forever.
@@ -83,7 +82,6 @@ class SerialisedWSGIApp:
         self._lock_timeout_s = lock_timeout_s
 
     def __call__(self, environ: dict, start_response: _StartResponse) -> List[bytes]:
-        _buffer_request_body(environ)
         if not self._lock.acquire(timeout=self._lock_timeout_s):
             body = b'{"__type":"com.amazonaws.dynamodb.v20120810#ServiceUnavailable","message":"server wedged"}'
             start_response(
@@ -101,22 +99,6 @@ class SerialisedWSGIApp:
                     close()
         finally:
             self._lock.release()
-
-
-def _buffer_request_body(environ: dict) -> None:
-    """Read the request body off the socket into memory (see SerialisedWSGIApp for why)."""
-    stream = environ.get("wsgi.input")
-    if stream is None:
-        return
-    if environ.get("wsgi.input_terminated"):  # chunked: werkzeug's dechunker ends the stream itself
-        data = stream.read()
-    else:
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
-        data = stream.read(length) if length > 0 else b""
-    environ["wsgi.input"] = io.BytesIO(data)
 
 
 def _check_host(host: str) -> None:
@@ -163,6 +145,8 @@ class _KeepAliveHandler(socketserver.StreamRequestHandler):
             body = self.rfile.read(int(headers.get("content-length") or 0))
             close = version != "HTTP/1.1" or headers.get("connection", "").lower() == "close"
             status, response_headers, payload = self._call_app(method, target, headers, body)
+            if self.server.verbose:  # type: ignore[attr-defined]
+                sys.stderr.write(f"{method} {target} {headers.get('x-amz-target', '')} -> {status}\n")
             head = [f"HTTP/1.1 {status}"]
             head += [f"{name}: {value}" for name, value in response_headers
                      if name.lower() not in ("content-length", "connection", "transfer-encoding")]
@@ -220,8 +204,9 @@ class KeepAliveWSGIServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], app: Any) -> None:
+    def __init__(self, address: tuple[str, int], app: Any, *, verbose: bool = False) -> None:
         self.app = app
+        self.verbose = verbose  # one line per request on stderr (off: a piped stderr would fill up)
         super().__init__(address, _KeepAliveHandler)
 
     @property
@@ -248,14 +233,11 @@ def serve(
     """
     _check_host(host)
     werkzeug_app = _load_moto()
-    if not verbose:
-        # One access-log line per request would flood a piped stderr; keep warnings and errors.
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
     # The same factory pair moto's own ``moto_server`` and ThreadedMotoServer use: a dispatcher that builds
     # one Flask app per AWS service on demand. We wrap the dispatcher, so every service is serialised.
     app = SerialisedWSGIApp(werkzeug_app.DomainDispatcherApplication(werkzeug_app.create_backend_app))
-    server = KeepAliveWSGIServer((host, port), app)
+    server = KeepAliveWSGIServer((host, port), app, verbose=verbose)
     # Some moto services build URLs (e.g. SQS queue URLs) from MOTO_PORT, as moto_server sets it.
     os.environ.setdefault("MOTO_PORT", str(server.port))  # noqa: SIM112
 

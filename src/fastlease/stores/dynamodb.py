@@ -469,6 +469,9 @@ class DynamoDBClient(LeaseClient):
             raise ValueError("check_in: the transaction belongs to another client; create it with this lease's client")
         transaction._add_lock_check(lease, condition_check_item(lease)["ConditionCheck"])
 
+    def _condition_check_item(self, lease: Any) -> dict[str, Any]:
+        return condition_check_item(lease)
+
 
 def condition_check_item(lease: Any) -> dict[str, Any]:
     """The raw TransactWriteItems entry that holds only while ``lease``'s owner still owns the row."""

@@ -9,7 +9,7 @@ check per request.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from ..client import LeaseClient
 from .base import LockRow, UsageMeter
@@ -34,19 +34,13 @@ class MemoryStore:
         The async API runs non-blocking releases on the event loop instead of a worker thread."""
         return self.faults is not None
 
-    # Each public operation routes through the fault hook only when one is installed.
-    def _call(self, operation: str, apply: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
-        faults = self.faults
-        if faults is None:
-            return apply(*args)
-        return faults.run(operation, apply, args, timeout_s)
-
+    # Each public operation applies itself directly, or through the fault hook when one is installed.
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
     ) -> bool:
         if self.faults is None:
             return self._put_if_absent(table, key, owner, version, lease_ms)
-        return self._call("put_if_absent", self._put_if_absent, (table, key, owner, version, lease_ms), timeout_s)
+        return self.faults.run("put_if_absent", self._put_if_absent, (table, key, owner, version, lease_ms), timeout_s)
 
     def _put_if_absent(self, table: str, key: str, owner: str, version: str, lease_ms: int) -> bool:
         slot = (table, key)
@@ -69,7 +63,9 @@ class MemoryStore:
         usage: UsageMeter,
     ) -> bool:
         args = (table, key, expected_owner, expected_version, owner, version, lease_ms)
-        return self._call("replace_if", self._replace_if, args, timeout_s)
+        if self.faults is None:
+            return self._replace_if(*args)
+        return self.faults.run("replace_if", self._replace_if, args, timeout_s)
 
     def _replace_if(
         self, table: str, key: str, expected_owner: str, expected_version: str, owner: str, version: str, lease_ms: int
@@ -85,8 +81,10 @@ class MemoryStore:
     def update_version_if(
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
-        return self._call("update_version_if", self._update_version_if, (table, key, owner, version, new_version),
-                          timeout_s)
+        args = (table, key, owner, version, new_version)
+        if self.faults is None:
+            return self._update_version_if(*args)
+        return self.faults.run("update_version_if", self._update_version_if, args, timeout_s)
 
     def _update_version_if(self, table: str, key: str, owner: str, version: str, new_version: str) -> bool:
         slot = (table, key)
@@ -100,7 +98,7 @@ class MemoryStore:
     def delete_if_owner(self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter) -> bool:
         if self.faults is None:
             return self._delete_if_owner(table, key, owner)
-        return self._call("delete_if_owner", self._delete_if_owner, (table, key, owner), timeout_s)
+        return self.faults.run("delete_if_owner", self._delete_if_owner, (table, key, owner), timeout_s)
 
     def _delete_if_owner(self, table: str, key: str, owner: str) -> bool:
         slot = (table, key)
@@ -112,7 +110,9 @@ class MemoryStore:
             return True
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
-        return self._call("read", self._rows.get, ((table, key),), timeout_s)  # type: ignore[no-any-return]
+        if self.faults is None:
+            return self._rows.get((table, key))
+        return self.faults.run("read", self._rows.get, ((table, key),), timeout_s)  # type: ignore[no-any-return]
 
     # ---- direct access for tests and tools ------------------------------------------------------
     def rows(self, table: str) -> dict[str, LockRow]:
