@@ -71,10 +71,16 @@ def process_worker(library: str, endpoint: str, seconds: float, start_at: float,
         from pydynox import DynamoDBClient as PydynoxClient
 
         client = PydynoxClient(region="us-east-1", access_key="testing", secret_key="testing", endpoint_url=endpoint)
-    out.send(run_worker(library, client, seconds, start_at))
+    try:
+        out.send(run_worker(library, client, seconds, start_at))
+    except BaseException as error:  # reported by the parent, not lost with the process
+        out.send({"holds": [], "reads": 0, "waited_ms": 0.0, "error": f"{type(error).__name__}: {error}"})
 
 
 def summarise(name: str, results: list[dict[str, Any]]) -> None:
+    for worker, result in enumerate(results):
+        if "error" in result:
+            print(f"  ({name}: worker {worker} failed: {result['error']})")
     timeline = sorted((start, end, worker) for worker, result in enumerate(results) for start, end in result["holds"])
     # A handoff is the gap from one holder's release to the next acquisition by *another* worker;
     # a worker taking the key straight back is not a handoff (and is what starves the others).
@@ -131,8 +137,14 @@ def processes_on_dynamodb(library: str, endpoint: str, seconds: float) -> list[d
         pipes.append(receiver)
         processes.append(process)
     try:
-        return [pipe.recv() if pipe.poll(seconds + 60) else {"holds": [], "reads": 0, "waited_ms": 0.0}
-                for pipe in pipes]
+        silent = {"holds": [], "reads": 0, "waited_ms": 0.0, "error": "no report (the process died)"}
+        results = []
+        for pipe in pipes:
+            try:
+                results.append(pipe.recv() if pipe.poll(seconds + 60) else silent)
+            except EOFError:
+                results.append(silent)
+        return results
     finally:
         for process in processes:
             process.join(10)

@@ -311,6 +311,32 @@ def test_pydynox_and_fastlease_block_each_other(admin: DynamoDBClient, lock_tabl
         client.close()
 
 
+def test_pydynox_holds_renews_and_releases_a_row_marked_waiting(
+    admin: DynamoDBClient, lock_table: str, moto_endpoint: str
+) -> None:
+    key = "marked"
+    client = mp_workers.fastlease_client(moto_endpoint)
+    pclient = mp_workers.pydynox_client(moto_endpoint)
+    try:
+        # A 1 s lease renews every ~0.33 s, so the hold below spans renewals after the mark.
+        with PydynoxLock(pclient, table=lock_table, key=key, lease_duration=1.0, wait_timeout=5):
+            waiter = SyncDistributedLock(client, table=lock_table, key=key, lease_duration=1.0, wait_timeout=0.6)
+            with pytest.raises(LockNotAcquired):
+                enter(waiter)  # waits past WAITING_MARK_AFTER_MS, so it marks pydynox's row
+            marked = read_row(admin, lock_table, key)
+            assert marked is not None and marked["waiting"] == {"BOOL": True}
+            assert waiter.metrics.write_requests == 2  # the failed put and the one mark
+            threading.Event().wait(1.0)  # let pydynox renew the marked row (elapsed time is the point)
+            renewed = read_row(admin, lock_table, key)
+            assert renewed is not None and renewed["owner"] == marked["owner"]
+            assert renewed["version"] != marked["version"] and renewed["waiting"] == {"BOOL": True}
+        assert read_row(admin, lock_table, key) is None  # pydynox's release deleted it as usual
+        with SyncDistributedLock(client, table=lock_table, key=key, lease_duration=1.0, wait_timeout=0) as lease:
+            assert read_row(admin, lock_table, key)["owner"] == {"S": lease.owner}
+    finally:
+        client.close()
+
+
 def test_fastlease_takes_over_a_sigkilled_pydynox_holder(
     children: Children, admin: DynamoDBClient, lock_table: str, moto_endpoint: str
 ) -> None:

@@ -35,7 +35,7 @@ def test_twin_and_core_export_the_same_public_names(core):
 def test_twin_and_core_agree_on_constants(core):
     for name in ("PROTOCOL_V1", "MIN_LEASE_MS", "MAX_DURATION_MS", "MAX_KEY_BYTES", "OBSERVATION_CACHE_SIZE",
                  "POLL_INTERVAL_MS", "ERROR_BACKOFF_MS", "SCHEDULER_IDLE_EXIT_MS", "RENEWAL_WORKERS",
-                 "YIELD_WINDOW_MS", "CONTENTION_MEMORY_MS", "STATE_NAMES",
+                 "YIELD_WINDOW_MS", "WAITING_MARK_AFTER_MS", "STATE_NAMES",
                  "NEW", "ACQUIRING", "HELD", "RELEASING", "RELEASED", "LOST", "FAILED"):
         assert getattr(core, name) == getattr(twin, name), name
     for lease_ms in (100, 999, 30_000, 86_400_000):

@@ -20,7 +20,8 @@ def test_takeover_happens_one_full_lease_after_the_first_observation(core, make_
         assert store.rows("locks")["k"].owner == lease.owner
     assert waited_ns == 10_000_000_000  # exactly the stored lease, measured from the first sighting
     metrics = lease.metrics
-    assert metrics.write_requests == 3  # one failed put, the takeover, the release: polls only read
+    # One failed put, one waiting mark (the holder might be alive), the takeover, the release: polls only read.
+    assert metrics.write_requests == 4
     # Polls every 0.5-1.5 poll intervals (jittered) over the 10 s.
     poll_ms = core.POLL_INTERVAL_MS
     assert 10_000 // (1.5 * poll_ms) <= metrics.read_requests <= 10_000 // (0.5 * poll_ms) + 2
@@ -33,7 +34,7 @@ def test_no_takeover_before_a_full_lease_even_for_an_old_row(make_client, clock,
     with pytest.raises(LockNotAcquired):
         with SyncDistributedLock(client, table="locks", key="k", wait_timeout=9.99):
             pass
-    assert store.rows("locks")["k"] == ABANDONED
+    assert store.rows("locks")["k"] == ABANDONED._replace(waiting=True)  # only the waiting hint added
 
 
 def test_a_client_keeps_observations_across_short_attempts(make_client, clock, store):
@@ -58,7 +59,7 @@ def test_a_fresh_client_starts_its_own_observation(make_client, clock, store):
     with pytest.raises(LockNotAcquired):
         with SyncDistributedLock(fresh, table="locks", key="k", wait_timeout=9):
             pass
-    assert store.rows("locks")["k"] == ABANDONED
+    assert store.rows("locks")["k"] == ABANDONED._replace(waiting=True)  # only the waiting hint added
 
 
 def test_a_live_holder_is_never_taken_over(make_client, clock, store):
@@ -98,6 +99,8 @@ def test_a_changed_lease_ms_restarts_observation(make_client, clock, store):
         LockRow("o", 5, 10_000, 1),
         LockRow("o", "v", 10_000, "1"),
         LockRow("o", "v", 10_000, True),
+        LockRow("o", "v", 10_000, 1, 1),
+        LockRow("o", "v", 10_000, 1, None),
     ],
 )
 def test_malformed_rows_fail_closed_and_are_never_taken_over(make_client, clock, store, row):

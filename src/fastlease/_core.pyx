@@ -54,7 +54,7 @@ MAX_KEY_BYTES = 2048
 OBSERVATION_CACHE_SIZE = 4096
 POLL_INTERVAL_MS = 125
 YIELD_WINDOW_MS = 2 * POLL_INTERVAL_MS
-CONTENTION_MEMORY_MS = 10_000
+WAITING_MARK_AFTER_MS = 2 * POLL_INTERVAL_MS
 ERROR_BACKOFF_MS = 25
 SCHEDULER_IDLE_EXIT_MS = 30_000
 RENEWAL_WORKERS = 8
@@ -248,7 +248,9 @@ cpdef str check_table(object table):
 
 cpdef check_row(object row, str key):
     """Strict protocol v1 parsing of a row read from a store: anything unexpected fails closed."""
-    owner, version, lease_ms, protocol = row
+    owner, version, lease_ms, protocol, waiting = row
+    if type(waiting) is not bool:
+        raise MalformedLockRow(f"lock row for {key!r} has a non-boolean waiting hint {waiting!r}", key=key)
     if protocol != PROTOCOL_V1 or type(protocol) is not int:
         raise MalformedLockRow(f"lock row for {key!r} has unsupported protocol {protocol!r}", key=key)
     if type(owner) is not str or not owner or type(version) is not str or not version:
@@ -425,10 +427,10 @@ cdef class ObservationCache:
 @cython.final
 cdef class ReleaseSignals:
     """Handoff between this client's waiters and others: first-come first-served wake-ups on release,
-    and turn-taking after contention (see the twin for the reasoning)."""
+    and turn-taking while others wait (see the twin for the reasoning)."""
 
     cdef dict _queues  # cache_key -> [ticket, ...], oldest first; removed when empty
-    cdef dict _contended  # cache_key -> (last release, last time found held); recent contention only
+    cdef dict _contended  # cache_key -> last release of a key others wait for; bounded
     cdef cython.pymutex _mutex
 
     def __init__(self):
@@ -477,22 +479,23 @@ cdef class ReleaseSignals:
             if head is not None:
                 head.set()
 
-    cpdef released(self, tuple cache_key, bint contended, int64_t now_ns):
-        """This client released ``cache_key``; ``contended`` if that acquisition found it held."""
-        if contended or self._contended:
+    cpdef released(self, tuple cache_key, bint others_waiting, int64_t now_ns):
+        """This client released ``cache_key``; ``others_waiting`` if the row carried a waiting mark."""
+        if others_waiting or self._contended:
             with self._mutex:
-                previous = self._contended.pop(cache_key, None)
-                last_contended = now_ns if contended else (previous[1] if previous is not None else None)
-                if last_contended is not None and now_ns - <int64_t>last_contended < CONTENTION_MEMORY_MS * NS_PER_MS:
+                self._contended.pop(cache_key, None)
+                if others_waiting:
                     if len(self._contended) >= OBSERVATION_CACHE_SIZE:
                         del self._contended[next(iter(self._contended))]
-                    self._contended[cache_key] = (now_ns, last_contended)
+                    self._contended[cache_key] = now_ns
         self.notify(cache_key)
 
     cpdef bint should_yield(self, tuple cache_key, int64_t now_ns):
         """Should a new acquisition of ``cache_key`` let other contenders go first?"""
-        entry = self._contended.get(cache_key) if self._contended else None
-        return entry is not None and now_ns - <int64_t>entry[0] < YIELD_WINDOW_MS * NS_PER_MS
+        if self._queues and cache_key in self._queues:
+            return True
+        released_ns = self._contended.get(cache_key) if self._contended else None
+        return released_ns is not None and now_ns - <int64_t>released_ns < YIELD_WINDOW_MS * NS_PER_MS
 
     def __len__(self):
         """Keys with waiters queued."""
@@ -548,6 +551,9 @@ cdef class Lease:
     cdef int64_t _renew_at_ns
     cdef int64_t _hint_ns
     cdef bint _row_seen  # the last attempt found the key held; caller only
+    cdef int64_t _acquire_start_ns  # when acquire() began; caller only
+    cdef bint _others_waiting  # our deleted row was marked, or we saw a mark not ours; caller only
+    cdef object _marked_owner  # the holder whose row we marked; caller only
     # Set by cancel() from any thread (an async task was cancelled); read by the caller's thread.
     cdef bint _cancelled
     cdef object _ticket  # our place in the client's wait queue (an Event); caller only
@@ -741,14 +747,14 @@ cdef class Lease:
             if self.state != NEW_:
                 raise RuntimeError("lease guards are single-use: create a new guard for each acquisition")
             self.state = ACQUIRING_
-        start_ns = self._mono()
+        start_ns = self._acquire_start_ns = self._mono()
         deadline_ns = start_ns + self.wait_ms * NS_PER_MS
         last_error = None
         cdef bint acquired = False
         try:
             if self.wait_ms and self._signals.should_yield(self._cache_key, start_ns):
-                # We just had this key and others want it: let a waiting contender go first. The wait
-                # outlasts the longest poll interval, so every waiter polls at least once meanwhile.
+                # Others are waiting for this key: let one go first. The wait outlasts the longest
+                # poll interval, so every waiter polls at least once meanwhile.
                 delay_ns = <int64_t>(POLL_INTERVAL_MS * NS_PER_MS * (1.5 + 0.25 * _random()))
                 self._wait_turn(min(delay_ns, self.wait_ms * NS_PER_MS))
             while True:
@@ -843,14 +849,34 @@ cdef class Lease:
             return False
         check_row(row, self.key)
         self._row_seen = True
-        owner, version, stored_lease_ms, _ = row
+        owner, version, stored_lease_ms, _, waiting = row
         now_ns = self._mono()
         seen_ns = self._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
         remaining_ns = <int64_t>stored_lease_ms * NS_PER_MS - seen_ns
         if remaining_ns > 0:
             self._hint_ns = remaining_ns
+            if waiting:
+                if owner != self._marked_owner:
+                    # Another contender has waited a while too: after our turn, we yield to it.
+                    self._others_waiting = True
+            elif self.wait_ms and now_ns - self._acquire_start_ns >= WAITING_MARK_AFTER_MS * NS_PER_MS:
+                self._mark_waiting(owner, version, deadline_ns)
             return False
         return self._take_over(owner, version, deadline_ns)
+
+    cdef _mark_waiting(self, str owner, str version, int64_t deadline_ns):
+        """Tell the holder (in any process) that we have been waiting: it yields the next turn on
+        release. Only a hint: any outcome is fine, and a failure never ends the wait."""
+        self._writes += 1
+        try:
+            if not self._store.mark_waiting(self.table, self.key, owner, version,
+                                            self._timeout_s(deadline_ns, self._mono()), self):
+                self._conditional_failures += 1  # renewed, marked or released meanwhile
+            else:
+                self._marked_owner = owner
+        except StoreError as error:
+            self._request_failures += 1
+            _log.debug("waiting mark on %r failed: %s", self.key, error)
 
     cdef object _put_or_read(self, int64_t deadline_ns):
         """Put a fresh row; if the key is taken, read it. True when held, else the row (or None)."""
@@ -1046,7 +1072,7 @@ cdef class Lease:
                 if self.state == RELEASING_:
                     self.state = RELEASED_
         if deleted:
-            self._signals.released(self._cache_key, self._row_seen, self._mono())
+            self._signals.released(self._cache_key, self._others_waiting, self._mono())
             return
         # The row was not ours any more: someone took over (or removed it). Fail closed.
         self.note_stolen()
@@ -1072,7 +1098,9 @@ cdef class Lease:
                     ambiguous = False
                     continue
                 self._writes += 1
-                if self._store.delete_if_owner(self.table, self.key, owner, self._timeout_s(deadline_ns, now_ns), self):
+                deleted = self._store.delete_if_owner(self.table, self.key, owner, self._timeout_s(deadline_ns, now_ns), self)
+                if deleted is not None:
+                    self._others_waiting = self._others_waiting or deleted[4] is True
                     return True
                 self._conditional_failures += 1
                 return False

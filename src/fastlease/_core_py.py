@@ -38,11 +38,12 @@ OBSERVATION_CACHE_SIZE = 4096
 #: Contended waiters poll the store about this often (jittered 50%..150%), whatever their own lease:
 #: it bounds cross-process handoff, while same-process waiters are woken at once on release.
 POLL_INTERVAL_MS = 125
-#: After releasing a key it has recently had to wait for, a client gives others the next turn if it
-#: comes back for the same key within this window (see ReleaseSignals).
+#: After releasing a key that others are waiting for, a client gives them the next turn if it comes
+#: back for the same key within this window (see ReleaseSignals).
 YIELD_WINDOW_MS = 2 * POLL_INTERVAL_MS
-#: How long a client remembers having found a key held, as evidence that others want it.
-CONTENTION_MEMORY_MS = 10_000
+#: A contender that has waited this long marks the holder's row ``waiting`` (once per hold): the
+#: holder, wherever it runs, then yields the next turn on release.
+WAITING_MARK_AFTER_MS = 2 * POLL_INTERVAL_MS
 #: First back-off after a transient store error while waiting; doubles up to POLL_INTERVAL_MS * 5.
 ERROR_BACKOFF_MS = 25
 #: A renewal thread with nothing to renew for this long exits; the next acquisition starts another.
@@ -163,7 +164,9 @@ def check_table(table: object) -> str:
 
 def check_row(row: Any, key: str) -> None:
     """Strict protocol v1 parsing of a row read from a store: anything unexpected fails closed."""
-    owner, version, lease_ms, protocol = row
+    owner, version, lease_ms, protocol, waiting = row
+    if type(waiting) is not bool:
+        raise MalformedLockRow(f"lock row for {key!r} has a non-boolean waiting hint {waiting!r}", key=key)
     if protocol != PROTOCOL_V1 or type(protocol) is not int:
         raise MalformedLockRow(f"lock row for {key!r} has unsupported protocol {protocol!r}", key=key)
     if type(owner) is not str or not owner or type(version) is not str or not version:
@@ -339,13 +342,16 @@ class ReleaseSignals:
       of waiters from all reading the row on every release. A waiter that gives up passes a wake-up it
       did not use on to the next. A missed wake-up only leaves a waiter to its next poll; it can never
       admit one, since the waiter still has to win the conditional write.
-    * Turn-taking: a client that released a key it has recently had to wait for (so others want it
-      too) lets the others have the next turn: its next acquisition of that key within
-      ``YIELD_WINDOW_MS`` first waits a little longer than the longest poll interval (so every waiter
-      polls meanwhile), queued behind this client's waiters. Without
-      this, a releaser that loops straight back always beats waiters that are asleep between polls.
-      Waiters in other processes are invisible, so recent contention is the only evidence; a client
-      that never waits for a key never yields it.
+    * Turn-taking: a releaser that loops straight back would always beat waiters asleep between
+      polls. So a new acquisition within ``YIELD_WINDOW_MS`` of this client's release first yields
+      (waits a little longer than the longest poll interval, queued behind this client's waiters)
+      when there is present evidence that others want the key: this client has other threads queued
+      for it, or the released row carried a ``waiting`` mark, or while waiting for that turn this
+      client saw a mark it had not made. A contender (in any process) marks the holder's row once it
+      has waited ``WAITING_MARK_AFTER_MS``. Only present evidence counts: remembering past
+      contention would let every former holder yield at once and leave the key idle. (Measured, a
+      winner that yields merely because its own wait was long does worse: the key idles while
+      former holders sit out their courtesy waits, and whoever returns first takes a long run.)
     """
 
     __slots__ = ("_queues", "_mutex", "_contended")
@@ -353,8 +359,8 @@ class ReleaseSignals:
     def __init__(self) -> None:
         self._queues: dict = {}  # cache_key -> [ticket, ...], oldest first; removed when empty
         self._mutex = threading.Lock()
-        # cache_key -> (this client's last release, when it last found the key held); LRU, and only
-        # for keys contended within CONTENTION_MEMORY_MS, so the uncontended path stays empty.
+        # cache_key -> this client's last release of a key that others wait for. Bounded; empty on
+        # the uncontended path.
         self._contended: dict = {}
 
     def wait(self, clock: Any, cache_key: tuple, ticket: threading.Event, timeout_s: float) -> None:
@@ -389,23 +395,23 @@ class ReleaseSignals:
             if head is not None:
                 head.set()
 
-    def released(self, cache_key: tuple, contended: bool, now_ns: int) -> None:
-        """This client released ``cache_key``; ``contended`` if that acquisition found it held."""
-        if contended or self._contended:
+    def released(self, cache_key: tuple, others_waiting: bool, now_ns: int) -> None:
+        """This client released ``cache_key``; ``others_waiting`` if the row carried a waiting mark."""
+        if others_waiting or self._contended:
             with self._mutex:
-                previous = self._contended.pop(cache_key, None)
-                last_contended_ns = now_ns if contended else (previous[1] if previous else None)
-                if last_contended_ns is not None and now_ns - last_contended_ns < CONTENTION_MEMORY_MS * _NS_PER_MS:
+                self._contended.pop(cache_key, None)
+                if others_waiting:
                     if len(self._contended) >= OBSERVATION_CACHE_SIZE:
                         del self._contended[next(iter(self._contended))]
-                    self._contended[cache_key] = (now_ns, last_contended_ns)
+                    self._contended[cache_key] = now_ns
         self.notify(cache_key)
 
     def should_yield(self, cache_key: tuple, now_ns: int) -> bool:
-        """Should a new acquisition of ``cache_key`` let other contenders go first? Yes when this client
-        released it moments ago and has seen it contended lately: the others are probably waiting."""
-        entry = self._contended.get(cache_key)
-        return entry is not None and now_ns - entry[0] < YIELD_WINDOW_MS * _NS_PER_MS
+        """Should a new acquisition of ``cache_key`` let other contenders go first?"""
+        if self._queues and cache_key in self._queues:
+            return True
+        released_ns = self._contended.get(cache_key)
+        return released_ns is not None and now_ns - released_ns < YIELD_WINDOW_MS * _NS_PER_MS
 
     def __len__(self) -> int:
         """Keys with waiters queued."""
@@ -487,6 +493,11 @@ class Lease:
         self._renew_at_ns = 0  # due time of the live heap entry; 0 when unscheduled (under scheduler lock)
         self._hint_ns = 0  # how long the last failed attempt suggests waiting; caller only
         self._row_seen = False  # the last attempt found the key held; caller only
+        self._acquire_start_ns = 0  # when acquire() began; caller only
+        # Others wait for the key: our deleted row carried a waiting mark, or while waiting for this
+        # turn we saw a mark we had not made. Caller only.
+        self._others_waiting = False
+        self._marked_owner: Optional[str] = None  # the holder whose row we marked; caller only
         # Set by cancel() from any thread (an async task was cancelled); read by the caller's thread.
         self._cancelled = False
         self._ticket: Optional[threading.Event] = None  # our place in the client's wait queue; caller
@@ -651,7 +662,7 @@ class Lease:
                 raise RuntimeError("lease guards are single-use: create a new guard for each acquisition")
             self.state = ACQUIRING
         clock = self._clock
-        start_ns = clock.monotonic_ns()
+        start_ns = self._acquire_start_ns = clock.monotonic_ns()
         deadline_ns = start_ns + self.wait_ms * _NS_PER_MS
         backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
         last_error: Optional[BaseException] = None
@@ -659,8 +670,8 @@ class Lease:
         acquired = False
         try:
             if self.wait_ms and signals.should_yield(self._cache_key, start_ns):
-                # We just had this key and others want it: let a waiting contender go first. The wait
-                # outlasts the longest poll interval, so every waiter polls at least once meanwhile.
+                # Others are waiting for this key: let one go first. The wait outlasts the longest
+                # poll interval, so every waiter polls at least once meanwhile.
                 courtesy_ns = int(POLL_INTERVAL_MS * _NS_PER_MS * (1.5 + 0.25 * random.random()))
                 self._wait_turn(signals, min(courtesy_ns, self.wait_ms * _NS_PER_MS))
             while True:
@@ -753,14 +764,34 @@ class Lease:
             return False
         check_row(row, self.key)
         self._row_seen = True
-        owner, version, stored_lease_ms, _ = row
+        owner, version, stored_lease_ms, _, waiting = row
         now_ns = self._clock.monotonic_ns()
         seen_ns = self._client._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
         remaining_ns = stored_lease_ms * _NS_PER_MS - seen_ns
         if remaining_ns > 0:
             self._hint_ns = remaining_ns
+            if waiting:
+                if owner != self._marked_owner:
+                    # Another contender has waited a while too: after our turn, we yield to it.
+                    self._others_waiting = True
+            elif self.wait_ms and now_ns - self._acquire_start_ns >= WAITING_MARK_AFTER_MS * _NS_PER_MS:
+                self._mark_waiting(owner, version, deadline_ns)
             return False
         return self._take_over(owner, version, deadline_ns)
+
+    def _mark_waiting(self, owner: str, version: str, deadline_ns: int) -> None:
+        """Tell the holder (in any process) that we have been waiting: it yields the next turn on
+        release. Only a hint: any outcome is fine, and a failure never ends the wait."""
+        self._writes += 1
+        try:
+            timeout_s = self._timeout_s(deadline_ns, self._clock.monotonic_ns())
+            if not self._store.mark_waiting(self.table, self.key, owner, version, timeout_s, self):
+                self._conditional_failures += 1  # renewed, marked or released meanwhile
+            else:
+                self._marked_owner = owner
+        except StoreError as error:
+            self._request_failures += 1
+            _log.debug("waiting mark on %r failed: %s", self.key, error)
 
     def _put_or_read(self, deadline_ns: int) -> Any:
         """Put a fresh row; if the key is taken, read it. True when held, else the row (or None)."""
@@ -959,7 +990,7 @@ class Lease:
                 if self.state == RELEASING:
                     self.state = RELEASED
         if deleted:
-            self._client._release_signals.released(self._cache_key, self._row_seen, self._clock.monotonic_ns())
+            self._client._release_signals.released(self._cache_key, self._others_waiting, self._clock.monotonic_ns())
             return
         # The row was not ours any more: someone took over (or removed it). Fail closed.
         self.note_stolen()
@@ -989,7 +1020,9 @@ class Lease:
                     ambiguous = False
                     continue
                 self._writes += 1
-                if self._store.delete_if_owner(self.table, self.key, owner, self._timeout_s(deadline_ns, now_ns), self):
+                deleted = self._store.delete_if_owner(self.table, self.key, owner, self._timeout_s(deadline_ns, now_ns), self)
+                if deleted is not None:
+                    self._others_waiting = self._others_waiting or deleted[4] is True
                     return True
                 self._conditional_failures += 1
                 return False

@@ -20,7 +20,7 @@ __all__ = ["FakeClock", "FaultInjector", "FAULTS"]
 #: ``unavailable``: not applied, reported as a definite failure (throttled, refused).
 #: ``block``: waits until the injector's ``unblock()`` (bounded by 60 s), then applies.
 FAULTS = ("delay", "lost_response", "timeout", "unavailable", "block")
-OPERATIONS = ("put_if_absent", "replace_if", "update_version_if", "delete_if_owner", "read")
+OPERATIONS = ("put_if_absent", "replace_if", "update_version_if", "mark_waiting", "delete_if_owner", "read")
 
 
 class FakeClock:

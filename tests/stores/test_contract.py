@@ -112,7 +112,7 @@ def test_put_if_absent_creates_a_protocol_1_row_with_exact_types(store):
     assert put(store) is True
     row = read(store)
     assert row == LockRow("o1", "v1", 30_000, 1)
-    assert [type(value) for value in row] == [str, str, int, int]
+    assert [type(value) for value in row] == [str, str, int, int, bool]
 
 
 def test_put_if_absent_never_overwrites(store):
@@ -141,15 +141,37 @@ def test_update_version_if_changes_only_the_version(store):
     assert store.update_version_if("locks", "k", "o1", "v1", "v3", T, USAGE) is False  # old version
 
 
-def test_delete_if_owner_matches_owner_only(store):
-    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) is False  # absent
+def test_delete_if_owner_matches_owner_only_and_returns_the_deleted_row(store):
+    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) is None  # absent
     put(store)
     store.update_version_if("locks", "k", "o1", "v1", "v2", T, USAGE)
-    assert store.delete_if_owner("locks", "k", "oX", T, USAGE) is False
+    assert store.delete_if_owner("locks", "k", "oX", T, USAGE) is None
     assert read(store) is not None
-    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) is True  # whatever the version
+    deleted = store.delete_if_owner("locks", "k", "o1", T, USAGE)  # whatever the version
+    assert deleted.owner == "o1" and deleted.waiting is False
     assert read(store) is None
-    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) is False
+    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) is None
+
+
+def test_mark_waiting_sets_only_the_hint_once_for_the_exact_owner_and_version(store):
+    assert store.mark_waiting("locks", "k", "o1", "v1", T, USAGE) is False  # absent: nothing created
+    assert read(store) is None
+    put(store, lease_ms=12_345)
+    assert store.mark_waiting("locks", "k", "o1", "vX", T, USAGE) is False
+    assert store.mark_waiting("locks", "k", "oX", "v1", T, USAGE) is False
+    assert read(store).waiting is False
+    assert store.mark_waiting("locks", "k", "o1", "v1", T, USAGE) is True
+    assert read(store) == LockRow("o1", "v1", 12_345, 1, True)  # observations of (owner, version) hold
+    assert store.mark_waiting("locks", "k", "o1", "v1", T, USAGE) is False  # once per hold
+    # Renewal keeps the mark; release hands it back to the holder.
+    assert store.update_version_if("locks", "k", "o1", "v1", "v2", T, USAGE) is True
+    assert read(store) == LockRow("o1", "v2", 12_345, 1, True)
+    assert store.delete_if_owner("locks", "k", "o1", T, USAGE).waiting is True
+    # A takeover writes a fresh row without it.
+    put(store, owner="o3", version="v3")
+    store.mark_waiting("locks", "k", "o3", "v3", T, USAGE)
+    assert store.replace_if("locks", "k", "o3", "v3", "o4", "v4", 1000, T, USAGE) is True
+    assert read(store) == LockRow("o4", "v4", 1000, 1, False)
 
 
 @pytest.mark.parametrize("key", ["a", "a ", "A", "é", "{k}", "k'\"\n;--", "x" * 2048, "日本:🙂"])

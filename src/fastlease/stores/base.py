@@ -15,12 +15,18 @@ from typing import NamedTuple, Optional, Protocol
 
 
 class LockRow(NamedTuple):
-    """A lock row as stored: protocol v1 attributes, already converted to Python types."""
+    """A lock row as stored: protocol v1 attributes, already converted to Python types.
+
+    ``waiting`` is fastlease's optional hint attribute: a contender that has waited a while marks the
+    holder's row (see ``LockStore.mark_waiting``) so that the holder, on release, lets the others have
+    the next turn. The lock protocol never depends on it, and pydynox ignores it.
+    """
 
     owner: str
     version: str
     lease_ms: int
     protocol: int
+    waiting: bool = False
 
 
 class UsageMeter(Protocol):
@@ -62,8 +68,19 @@ class LockStore(Protocol):
         """Set version to new_version only if the row holds (owner, version); lease_ms is untouched."""
         ...
 
-    def delete_if_owner(self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter) -> bool:
-        """Delete the row only if its owner is ``owner``. False if absent or owned by another."""
+    def mark_waiting(
+        self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        """Set the row's ``waiting`` hint only if it holds (owner, version) and is not marked yet;
+        nothing else changes (owner, version and lease_ms stay, so observations stay valid)."""
+        ...
+
+    def delete_if_owner(
+        self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
+    ) -> Optional[LockRow]:
+        """Delete the row only if its owner is ``owner``: the row as it was, or None if it was absent
+        or owned by another. (Only ``waiting`` is read from it; stores that cannot return the old
+        row's other fields may leave them blank.)"""
         ...
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:

@@ -46,10 +46,15 @@ OWNER_AND_VERSION_CONDITION = "#owner = :owner AND #version = :version"
 RENEW_UPDATE = "SET #version = :new_version"
 #: Release and check_in: the row's owner is this acquisition's unique owner id.
 OWNER_CONDITION = "#owner = :owner"
+#: A contender's turn-taking hint on the holder's row: set once per hold, nothing else changes. Renewal
+#: keeps it (it sets only the version); release returns it (ReturnValues ALL_OLD, no extra request).
+WAITING_CONDITION = "#owner = :owner AND #version = :version AND attribute_not_exists(#waiting)"
+WAITING_UPDATE = "SET #waiting = :waiting"
 
 _KEY_NAME = {"#key": "key"}
 _OWNER_VERSION_NAMES = {"#owner": "owner", "#version": "version"}
 _OWNER_NAMES = {"#owner": "owner"}
+_WAITING_NAMES = {"#owner": "owner", "#version": "version", "#waiting": "waiting"}
 
 #: Errors that mean "not applied, try again later".
 THROTTLING_CODES = frozenset(
@@ -184,6 +189,16 @@ def _string(item: dict[str, Any], name: str, key: str) -> str:
     return text
 
 
+def _waiting(item: dict[str, Any], key: str) -> bool:
+    value = item.get("waiting")
+    if value is None:
+        return False
+    flag = value.get("BOOL") if isinstance(value, dict) and len(value) == 1 else None
+    if not isinstance(flag, bool):
+        raise MalformedLockRow(f"lock row for {key!r}: waiting must be a BOOL attribute, got {value!r}", key=key)
+    return flag
+
+
 def parse_row(item: dict[str, Any], key: str) -> LockRow:
     """Strict parsing of a stored item into a LockRow: missing or mistyped attributes fail closed.
     (Range and protocol checks are the engine's: ``check_row``.)"""
@@ -192,6 +207,7 @@ def parse_row(item: dict[str, Any], key: str) -> LockRow:
         _string(item, "version", key),
         _number(item, "lease_ms", key),
         _number(item, "protocol", key),
+        _waiting(item, key),
     )
 
 
@@ -280,15 +296,39 @@ class DynamoDBStore:
         }
         return self._send("UpdateItem", params, timeout_s, usage, key) is not None
 
-    def delete_if_owner(self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter) -> bool:
+    def mark_waiting(
+        self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        params = {
+            "TableName": table,
+            "Key": {"key": {"S": key}},
+            "UpdateExpression": WAITING_UPDATE,
+            "ConditionExpression": WAITING_CONDITION,
+            "ExpressionAttributeNames": _WAITING_NAMES,
+            "ExpressionAttributeValues": {":owner": {"S": owner}, ":version": {"S": version}, ":waiting": {"BOOL": True}},
+        }
+        return self._send("UpdateItem", params, timeout_s, usage, key) is not None
+
+    def delete_if_owner(
+        self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
+    ) -> Optional[LockRow]:
         params = {
             "TableName": table,
             "Key": {"key": {"S": key}},
             "ConditionExpression": OWNER_CONDITION,
             "ExpressionAttributeNames": _OWNER_NAMES,
             "ExpressionAttributeValues": {":owner": {"S": owner}},
+            "ReturnValues": "ALL_OLD",  # the deleted row's waiting hint, at no extra cost
         }
-        return self._send("DeleteItem", params, timeout_s, usage, key) is not None
+        response = self._send("DeleteItem", params, timeout_s, usage, key)
+        if response is None:
+            return None
+        item = response.get("Attributes") or {}
+        try:
+            return parse_row(item, key)
+        except MalformedLockRow:
+            # The row is deleted either way; a garbled echo of it only loses the hint.
+            return LockRow(owner, "", 0, 0)
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         params = {"TableName": table, "Key": {"key": {"S": key}}, "ConsistentRead": True}

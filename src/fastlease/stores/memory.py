@@ -95,19 +95,37 @@ class MemoryStore:
             self._rows[slot] = row._replace(version=new_version)
             return True
 
-    def delete_if_owner(self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter) -> bool:
+    def mark_waiting(
+        self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        if self.faults is None:
+            return self._mark_waiting(table, key, owner, version)
+        return self.faults.run("mark_waiting", self._mark_waiting, (table, key, owner, version), timeout_s)
+
+    def _mark_waiting(self, table: str, key: str, owner: str, version: str) -> bool:
+        slot = (table, key)
+        with self._lock:
+            row = self._rows.get(slot)
+            if row is None or row.owner != owner or row.version != version or row.waiting:
+                return False
+            self._rows[slot] = row._replace(waiting=True)
+            return True
+
+    def delete_if_owner(
+        self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
+    ) -> Optional[LockRow]:
         if self.faults is None:
             return self._delete_if_owner(table, key, owner)
-        return self.faults.run("delete_if_owner", self._delete_if_owner, (table, key, owner), timeout_s)
+        return self.faults.run("delete_if_owner", self._delete_if_owner, (table, key, owner), timeout_s)  # type: ignore[no-any-return]
 
-    def _delete_if_owner(self, table: str, key: str, owner: str) -> bool:
+    def _delete_if_owner(self, table: str, key: str, owner: str) -> Optional[LockRow]:
         slot = (table, key)
         with self._lock:
             row = self._rows.get(slot)
             if row is None or row.owner != owner:
-                return False
+                return None
             del self._rows[slot]
-            return True
+            return row
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         if self.faults is None:
