@@ -789,6 +789,9 @@ class Lease:
                 self._conditional_failures += 1  # renewed, marked or released meanwhile
             else:
                 self._marked_owner = owner
+                # The holder will yield its next turn: look again soon, so the contender that has
+                # waited longest (only such a one marks) is the likeliest to take it.
+                self._hint_ns = min(self._hint_ns, int(POLL_INTERVAL_MS * _NS_PER_MS * (0.0625 + 0.125 * random.random())))
         except StoreError as error:
             self._request_failures += 1
             _log.debug("waiting mark on %r failed: %s", self.key, error)
