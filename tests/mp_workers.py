@@ -33,6 +33,11 @@ def boto3_session() -> Any:
 
 
 def fastlease_client(endpoint: str, fast_path: bool = True) -> Any:
+    """A client on the moto server at ``endpoint``, or on the SQLite file of ``sqlite:PATH``."""
+    if endpoint.startswith("sqlite:"):
+        from fastlease import SQLiteClient
+
+        return SQLiteClient(endpoint[len("sqlite:"):])
     from fastlease.dynamodb import DynamoDBClient
 
     return DynamoDBClient(session=boto3_session(), endpoint_url=endpoint, fast_path=fast_path)

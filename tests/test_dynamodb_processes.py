@@ -174,22 +174,8 @@ def enter(guard: Any) -> None:
 def test_processes_never_hold_a_key_at_the_same_time(
     fast_path: bool, children: Children, admin: DynamoDBClient, lock_table: str, moto_endpoint: str
 ) -> None:
-    key = "contended"
-    workers = [
-        children.start(mp_workers.contend, moto_endpoint, lock_table, key, ROUNDS, fast_path, CONTENTION_LEASE_S)
-        for _ in range(CONTENDERS)
-    ]
-    for worker in workers:
-        receive(worker, "ready")
-    for worker in workers:  # all clients are built: start the rounds together
-        worker.ctl.send("start")
-    holds = []
-    for worker in workers:
-        holds.extend(receive(worker, "done")[2])
-    for worker in workers:
-        worker.proc.join(timeout=JOIN_S)
-        assert worker.proc.exitcode == 0
-
+    holds = run_contenders(children, moto_endpoint, lock_table, "contended", CONTENDERS, ROUNDS, fast_path,
+                           CONTENTION_LEASE_S)
     assert len(holds) == CONTENDERS * ROUNDS
     assert len({hold[2] for hold in holds}) == len(holds), "an owner id was reused"
     # CLOCK_MONOTONIC is one system-wide clock on Linux, so the intervals of all processes compare.
@@ -202,6 +188,24 @@ def test_processes_never_hold_a_key_at_the_same_time(
     assert handovers >= CONTENDERS, f"only {handovers} handovers between processes"
     assert max(hold[4] for hold in holds) > 0
     assert scan_all(admin, lock_table) == []
+
+
+def run_contenders(children: Children, target: str, table: str, key: str, count: int, rounds: int,
+                   fast_path: bool, lease_s: float) -> list:
+    """``count`` processes run ``mp_workers.contend`` on ``key`` together; their holds, every one exited 0."""
+    workers = [children.start(mp_workers.contend, target, table, key, rounds, fast_path, lease_s)
+               for _ in range(count)]
+    for worker in workers:
+        receive(worker, "ready")
+    for worker in workers:  # all clients are built: start the rounds together
+        worker.ctl.send("start")
+    holds = []
+    for worker in workers:
+        holds.extend(receive(worker, "done")[2])
+    for worker in workers:
+        worker.proc.join(timeout=JOIN_S)
+        assert worker.proc.exitcode == 0
+    return holds
 
 
 # ---- b. a SIGKILLed holder is taken over after its lease ------------------------------------------

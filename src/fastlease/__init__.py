@@ -12,6 +12,7 @@ from .decorator import distributed_lock
 from .exceptions import FastleaseError, LockLost, LockNotAcquired, LockReleaseError
 from .lock import LeaseMetrics, SyncDistributedLock
 from .stores.memory import MemoryClient, MemoryStore
+from .stores.sqlite import SQLiteClient
 
 __all__ = [
     "DistributedLock",
@@ -24,6 +25,7 @@ __all__ = [
     "LockReleaseError",
     "MemoryClient",
     "MemoryStore",
+    "SQLiteClient",
     "SyncDistributedLock",
     "distributed_lock",
 ]

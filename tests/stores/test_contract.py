@@ -70,12 +70,24 @@ def dynamodb_server_store(request: pytest.FixtureRequest, fast_path: bool = True
         client.close()
 
 
+@contextlib.contextmanager
+def sqlite_store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    from fastlease.stores.sqlite import SQLiteStore
+
+    store = SQLiteStore(request.getfixturevalue("tmp_path") / "locks.db")
+    try:
+        yield store
+    finally:
+        store.close()
+
+
 #: Every store joins the suite here: a factory that yields a store with fresh tables "locks" and "other".
 STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "memory": lambda request: memory_store(),
     "dynamodb-mock": lambda request: dynamodb_mock_store(),
     "dynamodb-server": dynamodb_server_store,
     "dynamodb-server-boto3": lambda request: dynamodb_server_store(request, fast_path=False),
+    "sqlite": sqlite_store,
 }
 #: In-process moto (mock_aws) does not make a conditional write atomic against concurrent threads
 #: (moto's limitation, not the adapter's), so the race test runs where the store itself is atomic.

@@ -1,0 +1,280 @@
+"""Embedded SQLite store: leases across the processes of one host, with no server.
+
+One database file holds one SQL table per lock table name (``fastlease_lock_<table>``), created on
+first use: unlike DynamoDB, where lock operations never create tables, an embedded store has no
+deployment step to do it. The file is in WAL mode, so readers never block the writer.
+
+Each protocol step is one parameterised statement in autocommit mode (a single statement is atomic in
+SQLite), except release, which reads the row's ``waiting`` hint and frees it inside one ``BEGIN
+IMMEDIATE`` transaction. No wall clock is stored or compared: stale rows are recovered by the engine's
+observation of an unchanged (owner, version, lease_ms), exactly as on DynamoDB.
+
+A released row is kept with ``owner`` NULL so that its ``fence`` counter survives: every acquisition
+and takeover increments it in the same statement (a fencing token for later use; see the README).
+
+Table names follow the library's rule (3-255 of ``A-Z a-z 0-9 _ . -``); SQL cannot take identifiers
+as parameters, so the name is validated and then double-quoted, which that alphabet cannot break out
+of. Every value is a parameter.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from typing import Any, Optional
+
+from ..client import LeaseClient
+from ..exceptions import LockLost, StoreError, StoreRequestRejected
+from .base import LockRow, UsageMeter
+
+__all__ = ["SQLiteClient", "SQLiteStore"]
+
+_log = logging.getLogger("fastlease.stores.sqlite")
+
+_PREFIX = "fastlease_lock_"
+#: One lock table. ``owner`` NULL means free (the row only keeps the fence counter).
+_CREATE = """CREATE TABLE IF NOT EXISTS "{name}" (
+    key      TEXT PRIMARY KEY NOT NULL,
+    owner    TEXT,
+    version  TEXT,
+    lease_ms INTEGER,
+    protocol INTEGER,
+    waiting  INTEGER NOT NULL DEFAULT 0,
+    fence    INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID"""
+#: Acquire: insert, or revive a freed row; never touch a held one.
+_PUT_IF_ABSENT = """INSERT INTO "{name}" (key, owner, version, lease_ms, protocol, waiting, fence)
+VALUES (?, ?, ?, ?, 1, 0, 1)
+ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, version = excluded.version,
+    lease_ms = excluded.lease_ms, protocol = 1, waiting = 0, fence = fence + 1
+WHERE owner IS NULL"""
+#: Takeover: the whole row, only if it still holds exactly the observed owner and version.
+_REPLACE_IF = """UPDATE "{name}" SET owner = ?, version = ?, lease_ms = ?, protocol = 1, waiting = 0,
+    fence = fence + 1 WHERE key = ? AND owner = ? AND version = ?"""
+#: Renew: only the version; lease_ms is the owner's and is never rewritten.
+_UPDATE_VERSION_IF = """UPDATE "{name}" SET version = ? WHERE key = ? AND owner = ? AND version = ?"""
+#: A contender's turn-taking hint, once per hold.
+_MARK_WAITING = """UPDATE "{name}" SET waiting = 1 WHERE key = ? AND owner = ? AND version = ? AND waiting = 0"""
+_READ = """SELECT owner, version, lease_ms, protocol, waiting FROM "{name}" WHERE key = ? AND owner IS NOT NULL"""
+_READ_OWNED = """SELECT owner, version, lease_ms, protocol, waiting FROM "{name}" WHERE key = ? AND owner = ?"""
+_FREE = """UPDATE "{name}" SET owner = NULL, version = NULL, waiting = 0 WHERE key = ? AND owner = ?"""
+#: check_in: a write (so the caller's transaction holds SQLite's one write lock from here to its
+#: commit) that changes nothing and matches only while we own the row.
+_CHECK_IN = """UPDATE "{name}" SET owner = owner WHERE key = ? AND owner = ?"""
+
+_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+def sql_table_name(table: str) -> str:
+    """The SQL table behind lock table ``table``; rejects names outside the library's alphabet."""
+    if type(table) is not str or not 3 <= len(table) <= 255 or not set(table) <= _ALPHABET:
+        raise ValueError(f"table must be 3-255 characters of A-Z a-z 0-9 _ . -, got {table!r:.80}")
+    return _PREFIX + table
+
+
+def _describe(error: sqlite3.Error) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+class SQLiteStore:
+    """The LockStore adapter for one SQLite file; one statement (or one IMMEDIATE transaction) per step."""
+
+    blocking = True  # requests may wait for the file's write lock
+
+    def __init__(self, path: "str | os.PathLike[str]") -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"SQLiteClient takes a file path, got {type(path).__name__}: {path!r:.80}")
+        self.path = os.path.abspath(os.fspath(path))
+        directory = os.path.dirname(self.path)
+        if not os.path.isdir(directory):
+            raise ValueError(f"SQLite lock file {self.path!r}: directory {directory!r} does not exist")
+        if os.path.isdir(self.path):
+            raise ValueError(f"SQLite lock file {self.path!r} is a directory")
+        self._local = threading.local()  # one connection per thread (the renewal workers have their own)
+        self._tables: set[str] = set()
+        self._tables_lock = threading.Lock()
+        try:
+            connection = self._connection()
+            # WAL: readers (polling waiters) never block the writer. Persistent in the file.
+            mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise ValueError(f"SQLite lock file {self.path!r} cannot use WAL mode (got {mode!r})")
+            connection.execute("PRAGMA user_version").fetchone()  # a corrupt file fails here, not later
+        except sqlite3.DatabaseError as error:
+            raise ValueError(f"SQLite lock file {self.path!r} is unusable: {_describe(error)}") from error
+        if not os.access(self.path, os.W_OK):
+            raise ValueError(f"SQLite lock file {self.path!r} is read-only")
+
+    def _connection(self) -> sqlite3.Connection:
+        connection: Optional[sqlite3.Connection] = getattr(self._local, "connection", None)
+        if connection is None:
+            # Autocommit (isolation_level=None): each statement is its own atomic transaction.
+            connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True, timeout=5.0)
+            connection.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
+            self._local.connection = connection
+            self._local.busy_ms = 5000
+        return connection
+
+    def _prepared(self, table: str, timeout_s: float) -> sqlite3.Connection:
+        """This thread's connection, with the busy timeout of this request and the table created."""
+        connection = self._connection()
+        busy_ms = max(1, int(timeout_s * 1000))
+        if busy_ms != self._local.busy_ms:
+            connection.execute(f"PRAGMA busy_timeout={busy_ms}")  # an int, not user input
+            self._local.busy_ms = busy_ms
+        if table not in self._tables:
+            name = sql_table_name(table)
+            with self._tables_lock:
+                connection.execute(_CREATE.format(name=name))
+                self._tables.add(table)
+        return connection
+
+    def _run(self, table: str, key: str, timeout_s: float, action: Any) -> Any:
+        try:
+            return action(self._prepared(table, timeout_s), _PREFIX + table)
+        except sqlite3.OperationalError as error:
+            # Busy or locked: not applied (SQLite rolls the statement back), so try again later.
+            # Disk I/O errors may leave a commit's outcome unknown: reconcile.
+            text = str(error).lower()
+            busy = "locked" in text or "busy" in text
+            raise StoreError(f"SQLite request on {key!r} failed: {_describe(error)}", key=key,
+                             maybe_committed=not busy) from error
+        except sqlite3.DatabaseError as error:
+            raise StoreRequestRejected(f"SQLite lock file {self.path!r} unusable: {_describe(error)}",
+                                       key=key) from error
+
+    def put_if_absent(
+        self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        def action(connection: sqlite3.Connection, name: str) -> bool:
+            return connection.execute(_PUT_IF_ABSENT.format(name=name), (key, owner, version, lease_ms)).rowcount == 1
+
+        return bool(self._run(table, key, timeout_s, action))
+
+    def replace_if(
+        self,
+        table: str,
+        key: str,
+        expected_owner: str,
+        expected_version: str,
+        owner: str,
+        version: str,
+        lease_ms: int,
+        timeout_s: float,
+        usage: UsageMeter,
+    ) -> bool:
+        def action(connection: sqlite3.Connection, name: str) -> bool:
+            parameters = (owner, version, lease_ms, key, expected_owner, expected_version)
+            return connection.execute(_REPLACE_IF.format(name=name), parameters).rowcount == 1
+
+        return bool(self._run(table, key, timeout_s, action))
+
+    def update_version_if(
+        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        def action(connection: sqlite3.Connection, name: str) -> bool:
+            parameters = (new_version, key, owner, version)
+            return connection.execute(_UPDATE_VERSION_IF.format(name=name), parameters).rowcount == 1
+
+        return bool(self._run(table, key, timeout_s, action))
+
+    def mark_waiting(
+        self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        def action(connection: sqlite3.Connection, name: str) -> bool:
+            return connection.execute(_MARK_WAITING.format(name=name), (key, owner, version)).rowcount == 1
+
+        return bool(self._run(table, key, timeout_s, action))
+
+    def delete_if_owner(
+        self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
+    ) -> Optional[LockRow]:
+        def action(connection: sqlite3.Connection, name: str) -> Optional[LockRow]:
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                found = connection.execute(_READ_OWNED.format(name=name), (key, owner)).fetchone()
+                if found is not None:
+                    connection.execute(_FREE.format(name=name), (key, owner))
+                connection.execute("COMMIT")
+            except BaseException:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+                raise
+            return None if found is None else _row(found)
+
+        result: Optional[LockRow] = self._run(table, key, timeout_s, action)
+        return result
+
+    def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
+        def action(connection: sqlite3.Connection, name: str) -> Optional[LockRow]:
+            found = connection.execute(_READ.format(name=name), (key,)).fetchone()
+            return None if found is None else _row(found)
+
+        result: Optional[LockRow] = self._run(table, key, timeout_s, action)
+        return result
+
+    def close(self) -> None:
+        """Close this thread's connection (others close when their threads end)."""
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
+
+
+def _row(found: tuple[Any, ...]) -> LockRow:
+    """A stored row as the engine checks it: SQLite keeps any value in any column, so a row written by
+    hand with wrong types reaches ``check_row`` as is and fails closed there."""
+    owner, version, lease_ms, protocol, waiting = found
+    flag = {0: False, 1: True}.get(waiting, waiting) if type(waiting) is int else waiting
+    return LockRow(owner, version, lease_ms, protocol, flag)
+
+
+class SQLiteClient(LeaseClient):
+    """A lease client on an embedded SQLite file: leases between the processes of one host.
+
+    ``SQLiteClient("/var/lib/myapp/locks.db")``. The file and its lock tables are created on first use
+    (the directory must exist). Clients in any number of processes may share the file. Bad paths
+    (missing directory, a corrupt or read-only file) raise ``ValueError`` naming the path.
+    ``lease.check_in(connection)`` checks ownership inside your own write transaction on the same file.
+    """
+
+    def __init__(self, path: "str | os.PathLike[str]", *, clock: Optional[Any] = None, **engine: Any) -> None:
+        self.store = SQLiteStore(path)
+        super().__init__(self.store, clock=clock, **engine)
+
+    def _observation_scope(self) -> str:
+        return f"sqlite:{os.path.realpath(self.store.path)}"
+
+    def _check_in(self, lease: Any, transaction: Any) -> None:
+        """Check ownership inside the caller's open transaction on the same file.
+
+        Why this is sound: SQLite has one writer at a time. The check is a write statement on the lock
+        row that changes nothing and matches only while we own it, so from this moment the caller's
+        transaction holds the file's write lock until it commits or rolls back; no takeover (itself a
+        write) can land in between. If another writer committed after the caller's transaction began
+        reading, SQLite refuses to upgrade it (busy snapshot) and nothing of the caller's commits.
+        """
+        if not isinstance(transaction, sqlite3.Connection):
+            raise TypeError(f"check_in takes a sqlite3.Connection, got {type(transaction).__name__}")
+        if not transaction.in_transaction:
+            raise ValueError(
+                "check_in needs the connection inside a transaction: execute 'BEGIN IMMEDIATE' first "
+                "(or check in after your first write)"
+            )
+        files = {row[2] for row in transaction.execute("PRAGMA database_list") if row[1] == "main"}
+        if not any(f and os.path.realpath(f) == os.path.realpath(self.store.path) for f in files):
+            raise ValueError(f"check_in: the connection is not on this client's file {self.store.path!r}")
+        name = sql_table_name(lease.table)
+        try:
+            matched = transaction.execute(_CHECK_IN.format(name=name), (lease.key, lease.owner)).rowcount == 1
+        except sqlite3.OperationalError as error:
+            raise StoreError(f"check_in on {lease.key!r} failed: {_describe(error)}", key=lease.key) from error
+        if not matched:
+            lease.note_stolen()
+            raise LockLost(f"lease on {lease.key!r} was lost: stolen", key=lease.key, cause="stolen")
+
+    def close(self) -> None:
+        super().close()
+        self.store.close()

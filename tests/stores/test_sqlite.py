@@ -1,0 +1,208 @@
+"""The embedded SQLite store: the engine on a real file, check_in, bad paths, and real processes.
+
+The store contract itself runs in ``test_contract.py``; these tests drive the public API.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+import mp_workers
+from fastlease import SQLiteClient, SyncDistributedLock
+from fastlease.exceptions import LockLost, LockNotAcquired, MalformedLockRow
+from fastlease.testing import FakeClock
+from test_dynamodb_processes import (  # noqa: F401 - the fixture is used by name
+    MAX_TAKEOVER_S, MIN_TAKEOVER_S, Children, children, kill_and_reap, receive, run_contenders,
+)
+
+CONTENDERS = 16
+ROUNDS = 8
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "locks.db"
+
+
+@pytest.fixture
+def make_sqlite(core, db):
+    clients = []
+
+    def build(**kwargs):
+        client = SQLiteClient(kwargs.pop("path", db), _core=core, **kwargs)
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        client.close()
+
+
+def raw_rows(db: Path, table: str = "locks") -> list:
+    with sqlite3.connect(db) as connection:
+        return connection.execute(
+            f'SELECT key, owner, version, lease_ms, protocol, waiting, fence FROM "fastlease_lock_{table}" ORDER BY key'
+        ).fetchall()
+
+
+def test_a_hold_costs_two_writes_and_the_fence_survives_release(make_sqlite, db):
+    client = make_sqlite()
+    with SyncDistributedLock(client, table="locks", key="import:daily") as lease:
+        [(key, owner, version, lease_ms, protocol, waiting, fence)] = raw_rows(db)
+        assert (key, owner, lease_ms, protocol, waiting, fence) == ("import:daily", lease.owner, 30_000, 1, 0, 1)
+        assert isinstance(version, str) and version
+    assert (lease.metrics.write_requests, lease.metrics.read_requests) == (2, 0)
+    assert raw_rows(db) == [("import:daily", None, None, 30_000, 1, 0, 1)]  # free, the counter kept
+    with SyncDistributedLock(client, table="locks", key="import:daily"):
+        assert raw_rows(db)[0][6] == 2  # every acquisition advances it
+
+
+def test_contention_and_takeover_of_an_abandoned_row_after_its_lease(make_sqlite, db):
+    clock = FakeClock()
+    holder, contender = make_sqlite(clock=clock), make_sqlite(clock=clock)
+    with SyncDistributedLock(holder, table="locks", key="k"):
+        with pytest.raises(LockNotAcquired):
+            SyncDistributedLock(contender, table="locks", key="k", wait_timeout=0).__enter__()
+    with sqlite3.connect(db) as connection:  # a crashed holder's row: nobody renews or releases it
+        connection.execute("UPDATE fastlease_lock_locks SET owner = 'dead', version = 'v', lease_ms = 5000")
+    start = clock.monotonic_ns()
+    with SyncDistributedLock(contender, table="locks", key="k", lease_duration=5, wait_timeout=30) as lease:
+        assert clock.monotonic_ns() - start == 5_000_000_000  # one full lease of unchanged observation
+        assert raw_rows(db)[0][1] == lease.owner
+        assert raw_rows(db)[0][6] == 2  # the takeover advanced the fence too
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        # (Column affinity stores "10000" in lease_ms as the integer 10000, a value and not a fault.)
+        ("o", "v", 10_000, 2, 0),
+        ("o", "v", 10_000.5, 1, 0),
+        ("o", "v", b"\x27\x10", 1, 0),
+        ("o", "v", 50, 1, 0),
+        ("o", b"v", 10_000, 1, 0),
+        ("o", "v", 10_000, 1, 2),
+    ],
+)
+def test_malformed_rows_fail_closed_and_are_never_taken_over(make_sqlite, db, row):
+    clock = FakeClock()
+    client = make_sqlite(clock=clock)
+    with SyncDistributedLock(client, table="locks", key="other"):
+        pass  # creates the table
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            'INSERT INTO "fastlease_lock_locks" (key, owner, version, lease_ms, protocol, waiting) VALUES (?, ?, ?, ?, ?, ?)',
+            ("k", *row),
+        )
+    before = [r for r in raw_rows(db) if r[0] == "k"]
+    with pytest.raises(MalformedLockRow):
+        SyncDistributedLock(client, table="locks", key="k", wait_timeout=60).__enter__()
+    clock.advance(3600)
+    with pytest.raises(MalformedLockRow):
+        SyncDistributedLock(client, table="locks", key="k", wait_timeout=0).__enter__()
+    assert [r for r in raw_rows(db) if r[0] == "k"] == before
+
+
+def results_connection(db: Path) -> sqlite3.Connection:
+    connection = sqlite3.connect(db, isolation_level=None)
+    connection.execute("CREATE TABLE IF NOT EXISTS results (job TEXT PRIMARY KEY, summary TEXT)")
+    return connection
+
+
+def test_check_in_commits_with_the_lease(make_sqlite, db):
+    client = make_sqlite()
+    connection = results_connection(db)
+    with SyncDistributedLock(client, table="locks", key="job") as lease:
+        connection.execute("BEGIN IMMEDIATE")
+        lease.check_in(connection)
+        connection.execute("INSERT INTO results VALUES ('job', 'done')")
+        connection.execute("COMMIT")
+    assert connection.execute("SELECT summary FROM results").fetchall() == [("done",)]
+    assert lease.metrics.write_requests == 2  # the check rides in the caller's transaction
+
+
+def test_check_in_rejects_a_former_owner_after_a_takeover(make_sqlite, db):
+    clock = FakeClock()
+    old, new = make_sqlite(clock=clock), make_sqlite(clock=clock)
+    stale = SyncDistributedLock(old, table="locks", key="job", lease_duration=1)
+    stale.__enter__()
+    old.close()  # paused: no renewals
+    with SyncDistributedLock(new, table="locks", key="job", lease_duration=1, wait_timeout=10):
+        connection = results_connection(db)
+        connection.execute("BEGIN IMMEDIATE")
+        with pytest.raises(LockLost) as lost:
+            stale._lease.client._check_in(stale._lease, connection)  # past the local check: the row decides
+        assert lost.value.cause == "stolen"
+        connection.execute("ROLLBACK")
+    assert connection.execute("SELECT count(*) FROM results").fetchone() == (0,)
+    assert stale.lost_cause == "stolen"
+
+
+def test_check_in_rules(make_sqlite, db, tmp_path):
+    client = make_sqlite()
+    with SyncDistributedLock(client, table="locks", key="job") as lease:
+        with pytest.raises(TypeError, match="sqlite3.Connection"):
+            lease.check_in(object())
+        with pytest.raises(ValueError, match="inside a transaction"):
+            lease.check_in(results_connection(db))
+        other = results_connection(tmp_path / "other.db")
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(ValueError, match="not on this client's file"):
+            lease.check_in(other)
+        other.execute("ROLLBACK")
+
+
+def test_bad_paths_raise_value_error_naming_the_path(core, tmp_path):
+    missing = tmp_path / "no-such-dir" / "locks.db"
+    with pytest.raises(ValueError, match="does not exist") as info:
+        SQLiteClient(missing, _core=core)
+    assert str(missing.parent) in str(info.value)
+    with pytest.raises(ValueError, match="is a directory"):
+        SQLiteClient(tmp_path, _core=core)
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(b"this is not a database file, just text " * 200)
+    with pytest.raises(ValueError, match="unusable") as info:
+        SQLiteClient(corrupt, _core=core)
+    assert "corrupt.db" in str(info.value)
+    with pytest.raises(TypeError, match="file path"):
+        SQLiteClient(42, _core=core)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("table", ["ab", 'x"; DROP TABLE t; --', "a b c", "é" * 5, ""])
+def test_bad_table_names_are_refused_before_any_sql(make_sqlite, db, table):
+    client = make_sqlite()
+    with pytest.raises(ValueError, match="table must be"):
+        SyncDistributedLock(client, table=table, key="k").__enter__()
+
+
+# ---- real processes on one file ------------------------------------------------------------------
+def test_sixteen_processes_never_hold_a_key_at_the_same_time(children: Children, db: Path) -> None:
+    holds = run_contenders(children, f"sqlite:{db}", "locks", "hot", CONTENDERS, ROUNDS, True, 2.0)
+    assert len(holds) == CONTENDERS * ROUNDS
+    holds.sort()  # CLOCK_MONOTONIC is system-wide on Linux: intervals of all processes compare
+    overlaps = [(a, b) for a, b in zip(holds, holds[1:]) if b[0] <= a[1]]
+    assert not overlaps, f"{len(overlaps)} overlapping holds, e.g. {overlaps[:3]}"
+    assert sum(1 for a, b in zip(holds, holds[1:]) if a[3] != b[3]) >= CONTENDERS
+    assert all(row[1] is None for row in raw_rows(db))  # every hold released
+    assert raw_rows(db)[0][6] == CONTENDERS * ROUNDS  # one fence step per acquisition
+
+
+def test_a_sigkilled_holder_is_taken_over_after_its_lease(children: Children, db: Path) -> None:
+    target = f"sqlite:{db}"
+    child = children.start(mp_workers.hold_until_killed, target, "locks", "killed", 1.0, "fastlease", True)
+    _, pid, child_owner = receive(child, "held")
+    assert pid == child.proc.pid and raw_rows(db)[0][1] == child_owner
+    kill_and_reap(child)
+    client = SQLiteClient(db)
+    try:
+        started = time.monotonic()
+        with SyncDistributedLock(client, table="locks", key="killed", lease_duration=1.0, wait_timeout=10) as lease:
+            waited = time.monotonic() - started
+            assert raw_rows(db)[0][1] == lease.owner != child_owner
+        assert MIN_TAKEOVER_S <= waited < MAX_TAKEOVER_S, f"took over after {waited:.3f} s"
+    finally:
+        client.close()
