@@ -791,7 +791,8 @@ class Lease:
                 self._marked_owner = owner
                 # The holder will yield its next turn: look again soon, so the contender that has
                 # waited longest (only such a one marks) is the likeliest to take it.
-                self._hint_ns = min(self._hint_ns, int(POLL_INTERVAL_MS * _NS_PER_MS * (0.0625 + 0.125 * random.random())))
+                soon_ns = int(POLL_INTERVAL_MS * _NS_PER_MS * (0.0625 + 0.125 * random.random()))
+                self._hint_ns = min(self._hint_ns, soon_ns)
         except StoreError as error:
             self._request_failures += 1
             _log.debug("waiting mark on %r failed: %s", self.key, error)
@@ -1023,7 +1024,8 @@ class Lease:
                     ambiguous = False
                     continue
                 self._writes += 1
-                deleted = self._store.delete_if_owner(self.table, self.key, owner, self._timeout_s(deadline_ns, now_ns), self)
+                timeout_s = self._timeout_s(deadline_ns, now_ns)
+                deleted = self._store.delete_if_owner(self.table, self.key, owner, timeout_s, self)
                 if deleted is not None:
                     self._others_waiting = self._others_waiting or deleted[4] is True
                     return True

@@ -305,7 +305,11 @@ class DynamoDBStore:
             "UpdateExpression": WAITING_UPDATE,
             "ConditionExpression": WAITING_CONDITION,
             "ExpressionAttributeNames": _WAITING_NAMES,
-            "ExpressionAttributeValues": {":owner": {"S": owner}, ":version": {"S": version}, ":waiting": {"BOOL": True}},
+            "ExpressionAttributeValues": {
+                ":owner": {"S": owner},
+                ":version": {"S": version},
+                ":waiting": {"BOOL": True},
+            },
         }
         return self._send("UpdateItem", params, timeout_s, usage, key) is not None
 
