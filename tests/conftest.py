@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import select
+import signal
 from types import ModuleType
 from typing import Callable, Iterator
 
@@ -11,6 +13,7 @@ import pytest
 from fastlease import MemoryClient
 from fastlease.stores.memory import MemoryStore
 from fastlease.testing import FakeClock, FaultInjector
+from proc_helpers import Children
 
 
 @pytest.fixture(scope="session", params=["c", "py"])
@@ -59,6 +62,17 @@ def faults(store: MemoryStore, clock: FakeClock) -> FaultInjector:
 
 
 @pytest.fixture
+def real_faults(store: MemoryStore) -> Iterator[FaultInjector]:
+    """Faults on the test's store for clients on the system clock (renewal threads really run). List
+    it after ``make_client``: it is torn down first, so a blocked request is let go before clients close."""
+    injector = FaultInjector()
+    store.faults = injector
+    yield injector
+    injector.unblock()
+    store.faults = None
+
+
+@pytest.fixture
 def in_forked_child() -> Callable[[Callable[[], str]], str]:
     """Run ``fn`` in a forked child and return the str it reports; the child exits at once after."""
     import os
@@ -76,7 +90,13 @@ def in_forked_child() -> Callable[[Callable[[], str]], str]:
         os.close(write_end)
         try:
             chunks = []
-            while chunk := os.read(read_end, 65536):
+            for _ in range(10_000):  # bounded: the child writes one short report, then exits
+                if not select.select([read_end], [], [], 30)[0]:
+                    os.kill(pid, signal.SIGKILL)  # hung: stop it by its PID; the assert below fails
+                    break
+                chunk = os.read(read_end, 65536)
+                if not chunk:
+                    break
                 chunks.append(chunk)
         finally:
             os.close(read_end)
@@ -107,3 +127,15 @@ def moto_session(moto_endpoint: str):  # type: ignore[no-untyped-def]
     return boto3.session.Session(
         aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
     )
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    """Spawned worker processes of one test, each SIGKILLed by its PID and joined when it ends."""
+    spawned = Children()
+    try:
+        yield spawned
+    finally:
+        spawned.stop_all()
+    alive = [child.proc.pid for child in spawned.started if child.proc.is_alive()]
+    assert not alive, f"children still alive after SIGKILL and join: {alive}"

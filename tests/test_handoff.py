@@ -19,19 +19,23 @@ def run_fairness(clients: list, seconds: float) -> tuple:
     """One thread per entry of ``clients`` loops on one hot key until the deadline: (counts, reads)."""
     counts = [0] * len(clients)
     reads = [0] * len(clients)
+    errors: list[BaseException] = []
     start = threading.Barrier(len(clients))
     deadline = [0.0]
 
     def worker(index: int) -> None:
-        start.wait(10)
-        for _ in range(100_000):  # bounded; the deadline ends it first
-            if time.monotonic() >= deadline[0]:
-                return
-            guard = SyncDistributedLock(clients[index], table="locks", key="hot", wait_timeout=10)
-            with guard:
-                threading.Event().wait(0.002)  # the critical section's work
-            counts[index] += 1
-            reads[index] += guard.metrics.read_requests
+        try:
+            start.wait(10)
+            for _ in range(100_000):  # bounded; the deadline ends it first
+                if time.monotonic() >= deadline[0]:
+                    return
+                guard = SyncDistributedLock(clients[index], table="locks", key="hot", wait_timeout=10)
+                with guard:
+                    threading.Event().wait(0.002)  # the critical section's work
+                counts[index] += 1
+                reads[index] += guard.metrics.read_requests
+        except BaseException as error:  # noqa: BLE001 - surfaced below
+            errors.append(error)
 
     deadline[0] = time.monotonic() + seconds
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(clients))]
@@ -40,6 +44,7 @@ def run_fairness(clients: list, seconds: float) -> tuple:
     for thread in threads:
         thread.join(30)
     assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
     return counts, reads
 
 

@@ -231,16 +231,12 @@ def test_a_closed_client_refuses_new_acquisitions_before_any_request(make_client
     assert sum(faults.calls.values()) == 0
 
 
-def test_an_acquisition_interrupted_after_its_write_leaves_no_row_and_no_renewal(core, store):
+def test_an_acquisition_interrupted_after_its_write_leaves_no_row_and_no_renewal(make_client, store, real_faults):
     import threading
 
-    from fastlease import MemoryClient
-    from fastlease.testing import FaultInjector
-
-    injector = FaultInjector()
-    store.faults = injector
+    injector = real_faults
     injector.add("put_if_absent", "block")
-    client = MemoryClient(store=store, _core=core)
+    client = make_client()
     guard = SyncDistributedLock(client, table="locks", key="k")
     outcome: list[BaseException] = []
 

@@ -134,13 +134,15 @@ def test_conditional_put_has_exactly_one_winner_per_round(moto_server: MotoServe
 
 def test_stop_ends_the_child_process() -> None:
     server = MotoServer()
-    url = server.start(timeout_s=60.0)
-    pid = server.pid
-    assert url.startswith("http://127.0.0.1:") and url == server.endpoint_url
-    os.kill(pid, 0)  # alive
-    assert server.start() == url  # starting a running server is a no-op
-    server.stop()
-    server.stop()  # idempotent
+    try:
+        url = server.start(timeout_s=60.0)
+        pid = server.pid
+        assert url.startswith("http://127.0.0.1:") and url == server.endpoint_url
+        os.kill(pid, 0)  # alive
+        assert server.start() == url  # starting a running server is a no-op
+        server.stop()
+    finally:
+        server.stop()  # idempotent (and stops it by its PID if an assertion above failed)
     assert server.pid == pid
     # stop() reaped the child, so the PID is gone (not a zombie waiting for us).
     with pytest.raises(ProcessLookupError):

@@ -7,14 +7,7 @@ import time
 
 import pytest
 
-from fastlease import LockLost, LockNotAcquired, MemoryClient, SyncDistributedLock
-from fastlease.stores.memory import MemoryStore
-from fastlease.testing import FaultInjector
-
-
-def real_client(core, store):
-    """A client on the system clock: its renewal thread really runs."""
-    return MemoryClient(store=store, _core=core)
+from fastlease import LockLost, LockNotAcquired, SyncDistributedLock
 
 
 def test_renewal_keeps_a_lease_alive_through_ten_leases(make_client, clock, store):
@@ -32,10 +25,8 @@ def test_renewal_keeps_a_lease_alive_through_ten_leases(make_client, clock, stor
     assert lease.state == "released"
 
 
-def test_renewal_on_the_real_thread_through_ten_leases(core):
-    store = MemoryStore()
-    holder = real_client(core, store)
-    contender = real_client(core, store)
+def test_renewal_on_the_real_thread_through_ten_leases(make_client):
+    holder, contender = make_client(), make_client()  # system clock: the renewal thread really runs
     body_done = threading.Event()
     try:
         with SyncDistributedLock(holder, table="locks", key="k", lease_duration=0.2) as lease:
@@ -53,9 +44,8 @@ def test_renewal_on_the_real_thread_through_ten_leases(core):
         contender.close()
 
 
-def test_one_renewal_thread_per_client_whatever_the_lease_count(core):
-    store = MemoryStore()
-    client = real_client(core, store)
+def test_one_renewal_thread_per_client_whatever_the_lease_count(make_client):
+    client = make_client()
     before = {t for t in threading.enumerate() if t.name == "fastlease-renewal"}
     guards = [SyncDistributedLock(client, table="locks", key=f"k{i}") for i in range(50)]
     try:
@@ -96,12 +86,10 @@ def test_unreachable_store_loses_the_lease_at_90_percent(make_client, clock, fau
     assert metrics.request_failures == faults.calls["update_version_if"] == 7
 
 
-def test_renewal_blocked_by_a_hung_request_is_detected_as_loss(core):
-    store = MemoryStore()
-    injector = FaultInjector()
-    store.faults = injector
+def test_renewal_blocked_by_a_hung_request_is_detected_as_loss(make_client, real_faults):
+    injector = real_faults
     injector.add("update_version_if", "block")
-    client = real_client(core, store)
+    client = make_client()
     try:
         with pytest.raises(LockLost) as info:
             with SyncDistributedLock(client, table="locks", key="k", lease_duration=0.3) as lease:
@@ -153,9 +141,8 @@ def test_a_small_forward_wall_jump_keeps_validity_until_the_earlier_clock(make_c
         assert not lease.is_valid()
 
 
-def test_one_client_renews_a_thousand_leases_without_losing_any(core, capsys):
-    store = MemoryStore()
-    client = real_client(core, store)
+def test_one_client_renews_a_thousand_leases_without_losing_any(core, make_client, capsys):
+    client = make_client()
     before = set(threading.enumerate())
     guards = [SyncDistributedLock(client, table="locks", key=f"k{i}", lease_duration=3) for i in range(1000)]
     try:

@@ -35,7 +35,7 @@ def _run(client: LeaseClient, fn: Any, *args: Any) -> "Future[Any]":
     return client._async_executor().submit(fn, *args)
 
 
-def _consume(future: "Future[Any] | asyncio.Future[Any]") -> None:
+def _consume(future: "Future[Any]") -> None:
     """Retrieve a background outcome so that nothing is reported as never retrieved."""
     if not future.cancelled() and future.exception() is not None:
         _log.debug("background lease step failed: %r", future.exception())
@@ -121,13 +121,9 @@ class DistributedLock:
         traceback: Optional[TracebackType],
     ) -> None:
         client = self._guard._lease.client
-        if not getattr(client._store, "blocking", True):
+        if not client._store.blocking:
             # A store whose requests cannot block (the in-memory one) releases right here: a release
             # never waits for contention, so the event loop is not held up, and no thread hop is paid.
             return self._guard.__exit__(exc_type, exc, traceback)
-        releasing = _run(client, self._guard.__exit__, exc_type, exc, traceback)
-        try:
-            await _shielded(releasing)
-        except asyncio.CancelledError:
-            releasing.add_done_callback(_consume)  # cleanup goes on; its outcome is not lost
-            raise
+        # Cancelling here leaves the release running; _shielded retrieves its outcome.
+        await _shielded(_run(client, self._guard.__exit__, exc_type, exc, traceback))

@@ -18,10 +18,7 @@ from .lock import (
     DEFAULT_WAIT_TIMEOUT,
     SyncDistributedLock,
     check_client,
-    check_on_lost,
-    lease_duration_ms,
-    max_hold_ms,
-    wait_timeout_ms,
+    lease_arguments,
 )
 
 __all__ = ["distributed_lock"]
@@ -35,26 +32,18 @@ _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 class _LockSpec:
     """Everything a decorated function's calls share; ``guard`` builds one call's lease."""
 
-    __slots__ = ("client", "table", "call_key", "lease_ms", "wait_ms", "max_hold_ms", "on_lost", "_lease_class")
+    __slots__ = ("client", "table", "call_key", "lease_args", "_lease_class")
 
-    def __init__(
-        self, client: LeaseClient, table: str, call_key: Any, lease_ms: int, wait_ms: int, max_hold_ms: int,
-        on_lost: Any,
-    ) -> None:
+    def __init__(self, client: LeaseClient, table: str, call_key: Any, lease_args: tuple) -> None:
         self.client = client
         self.table = table
         self.call_key = call_key
-        self.lease_ms = lease_ms
-        self.wait_ms = wait_ms
-        self.max_hold_ms = max_hold_ms
-        self.on_lost = on_lost
+        self.lease_args = lease_args  # (lease_ms, wait_ms, max_hold_ms, on_lost), validated once
         self._lease_class = client._core.Lease
 
     def guard(self, args: tuple, kwargs: dict) -> SyncDistributedLock:
         key = self.call_key.resolve(args, kwargs)
-        return SyncDistributedLock._from_lease(
-            self._lease_class(self.client, self.table, key, self.lease_ms, self.wait_ms, self.max_hold_ms, self.on_lost)
-        )
+        return SyncDistributedLock._from_lease(self._lease_class(self.client, self.table, key, *self.lease_args))
 
 
 def _bind_template(core: Any, template: Any, fn: Callable[..., Any]) -> Any:
@@ -93,10 +82,7 @@ def distributed_lock(
     """
     check_client(client)
     core = client._core
-    lease_ms = lease_duration_ms(lease_duration)
-    wait_ms = wait_timeout_ms(wait_timeout)
-    hold_ms = max_hold_ms(max_hold)
-    check_on_lost(on_lost)
+    lease_args = lease_arguments(lease_duration, wait_timeout, max_hold, on_lost)
     core.check_table(table)
     template = core.KeyTemplate(key)
 
@@ -108,7 +94,7 @@ def distributed_lock(
             )
         if not callable(fn):
             raise TypeError(f"distributed_lock wraps functions, got {type(fn).__name__}")
-        spec = _LockSpec(client, table, _bind_template(core, template, fn), lease_ms, wait_ms, hold_ms, on_lost)
+        spec = _LockSpec(client, table, _bind_template(core, template, fn), lease_args)
         if inspect.iscoroutinefunction(fn):
             return _async_wrapper(fn, spec)
         return _sync_wrapper(fn, spec)

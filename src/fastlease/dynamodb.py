@@ -25,9 +25,9 @@ __all__ = ["DynamoDBClient", "SyncTransaction", "Transaction", "TransactionCance
 MAX_TRANSACTION_ITEMS = 100  # DynamoDB's limit for TransactWriteItems
 
 
-def _targets_lock_item(table: str, key_or_item: Any, lock_table: str, lock_key: str) -> bool:
-    """Does an operation on ``table`` with this Key (or Item) address the lock row of ``lock_key``?"""
-    return table == lock_table and isinstance(key_or_item, dict) and key_or_item.get("key") == {"S": lock_key}
+def _targets_lock_item(table: str, plain_key: Any, lock_table: str, lock_key: str) -> bool:
+    """Does an operation on ``table`` with this key (or item, as plain values) address the lock row?"""
+    return table == lock_table and isinstance(plain_key, dict) and plain_key.get("key") == lock_key
 
 
 class SyncTransaction:
@@ -54,13 +54,13 @@ class SyncTransaction:
             raise RuntimeError("this transaction was already committed")
         if len(self._items) >= MAX_TRANSACTION_ITEMS:
             raise ValueError(f"a transaction holds at most {MAX_TRANSACTION_ITEMS} items")
-        self._refuse_lock_item(table, body.get("Key") or body.get("Item"))
+        self._refuse_lock_item(table, plain_key)
         self._items.append({operation: body})
         self._targets.append((operation, table, plain_key))
 
-    def _refuse_lock_item(self, table: str, key_or_item: Any) -> None:
+    def _refuse_lock_item(self, table: str, plain_key: Any) -> None:
         for lock_table, lock_key in self._lock_checks:
-            if _targets_lock_item(table, key_or_item, lock_table, lock_key):
+            if _targets_lock_item(table, plain_key, lock_table, lock_key):
                 raise ValueError(
                     f"the transaction already checks the lease on {lock_key!r} in {lock_table!r}: "
                     "it must not contain another operation on the lock item"
@@ -106,9 +106,8 @@ class SyncTransaction:
         table, key = lease.table, lease.key
         if (table, key) in self._lock_checks:
             raise ValueError(f"the lease on {key!r} is already checked in to this transaction")
-        for (operation, target_table, _), item in zip(self._targets, self._items):
-            body = item[operation]
-            if _targets_lock_item(target_table, body.get("Key") or body.get("Item"), table, key):
+        for operation, target_table, plain_key in self._targets:
+            if _targets_lock_item(target_table, plain_key, table, key):
                 raise ValueError(f"the transaction already has a {operation} on the lock item {key!r}: it must not")
         self._add("ConditionCheck", table, {"key": key}, check)
         self._lock_checks[(table, key)] = (len(self._items) - 1, lease)

@@ -15,6 +15,7 @@ import threading
 from types import TracebackType
 from typing import Any, Callable, NamedTuple, Optional, Type
 
+from . import _impl
 from .client import LeaseClient
 from .exceptions import FastleaseError, LockLost
 
@@ -24,8 +25,8 @@ _log = logging.getLogger("fastlease.lock")
 
 DEFAULT_LEASE_DURATION = 30.0
 DEFAULT_WAIT_TIMEOUT = 35.0
-MIN_LEASE_DURATION = 0.1
-MAX_DURATION = 86_400.0
+MIN_LEASE_DURATION = _impl.core.MIN_LEASE_MS / 1000  # the engine's limits, in seconds
+MAX_DURATION = _impl.core.MAX_DURATION_MS / 1000
 
 
 def _seconds_to_ms(name: str, seconds: Any, minimum: float) -> int:
@@ -45,25 +46,21 @@ def _checked_ms(name: str, seconds: float, minimum: float) -> int:
     return max(int(round(seconds * 1000)), int(minimum * 1000))
 
 
-def lease_duration_ms(lease_duration: float) -> int:
-    """Validate ``lease_duration`` (0.1-86,400 s, finite) and convert it to integer milliseconds."""
-    return _seconds_to_ms("lease_duration", lease_duration, MIN_LEASE_DURATION)
-
-
-def wait_timeout_ms(wait_timeout: float) -> int:
-    """Validate ``wait_timeout`` (0-86,400 s, finite) and convert it to integer milliseconds."""
-    return _seconds_to_ms("wait_timeout", wait_timeout, 0.0)
-
-
-def max_hold_ms(max_hold: Optional[float]) -> int:
-    """Validate ``max_hold`` (None, or 0.1-86,400 s) and convert it to milliseconds (0: no limit)."""
-    return 0 if max_hold is None else _seconds_to_ms("max_hold", max_hold, MIN_LEASE_DURATION)
-
-
-def check_on_lost(on_lost: Optional[Callable[[LockLost], object]]) -> None:
-    """At decoration time (guards get the same check from the engine when they are made)."""
+def lease_arguments(
+    lease_duration: Any, wait_timeout: Any, max_hold: Any, on_lost: Any
+) -> tuple[int, int, int, Optional[Callable[[LockLost], object]]]:
+    """Validate the public lease arguments and convert them to the engine's ``Lease`` arguments:
+    (lease_ms, wait_ms, max_hold_ms (0: no limit), on_lost). Durations are finite seconds: the lease
+    and max_hold 0.1-86,400, the wait 0-86,400."""
     if on_lost is not None and not callable(on_lost):
+        # The engine checks this too, per guard; the decorator needs it once, at decoration.
         raise TypeError(f"on_lost must be a callable taking a LockLost, got {type(on_lost).__name__}")
+    return (
+        _seconds_to_ms("lease_duration", lease_duration, MIN_LEASE_DURATION),
+        _seconds_to_ms("wait_timeout", wait_timeout, 0.0),
+        0 if max_hold is None else _seconds_to_ms("max_hold", max_hold, MIN_LEASE_DURATION),
+        on_lost,
+    )
 
 
 def check_client(client: object) -> LeaseClient:
@@ -125,8 +122,7 @@ class SyncDistributedLock:
     ) -> None:
         check_client(client)
         self._lease = client._core.Lease(
-            client, table, key, lease_duration_ms(lease_duration), wait_timeout_ms(wait_timeout),
-            max_hold_ms(max_hold), on_lost,
+            client, table, key, *lease_arguments(lease_duration, wait_timeout, max_hold, on_lost)
         )
 
     @classmethod

@@ -76,10 +76,9 @@ def clock_scope() -> Optional[str]:
 class SharedObservationCache:
     """The ``ObservationCache`` interface, backed by a file shared by this host's processes."""
 
-    def __init__(self, store_scope: str, fallback: Any, *, path: Optional[os.PathLike[str] | str] = None,
-                 capacity: int = 4096) -> None:
+    def __init__(self, store_scope: str, fallback: Any, *, path: Optional[os.PathLike[str] | str] = None) -> None:
         self.path = Path(path) if path is not None else default_path()
-        self.capacity = capacity
+        self.capacity = fallback.capacity  # the per-client cache's bound (OBSERVATION_CACHE_SIZE)
         self._fallback = fallback
         clock = clock_scope()
         self._scope = f"{clock}|{store_scope}" if clock is not None else None
@@ -154,6 +153,3 @@ class SharedObservationCache:
                 self._connection().execute(FORGET_SIGHTING, (self._scope, *cache_key))
             except (sqlite3.Error, OSError) as error:
                 self._degrade(error)
-
-    def __len__(self) -> int:
-        return len(self._fallback)

@@ -72,7 +72,10 @@ class ScriptedServer:
                         length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
                                           if line.lower().startswith(b"content-length")))
                         while len(rest) < length:
-                            rest += conn.recv(65536)
+                            chunk = conn.recv(65536)
+                            if not chunk:  # the peer closed mid-body
+                                raise ConnectionError
+                            rest += chunk
                         self.requests.append(head + b"\r\n\r\n" + rest[:length])
                         buffer = rest[length:]
                     except (OSError, ConnectionError, StopIteration):

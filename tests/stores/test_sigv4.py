@@ -410,7 +410,7 @@ def test_concurrent_signing_with_rotating_secrets_and_days() -> None:
     start = threading.Barrier(8)
 
     def worker(offset: int) -> None:
-        start.wait()
+        start.wait(30)
         for i in range(400):
             case = cases[(i + offset) % len(cases)]
             got = sign(shared, *case)
@@ -426,9 +426,10 @@ def test_concurrent_signing_with_rotating_secrets_and_days() -> None:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(60)
     finally:
         sys.setswitchinterval(interval)
+    assert not any(thread.is_alive() for thread in threads)
     assert errors == []
 
 

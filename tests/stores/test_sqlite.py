@@ -15,15 +15,7 @@ import mp_workers
 from fastlease import SQLiteClient, SyncDistributedLock
 from fastlease.exceptions import LockLost, LockNotAcquired, MalformedLockRow
 from fastlease.testing import FakeClock
-from test_dynamodb_processes import (  # noqa: F401 - the fixture is used by name
-    MAX_TAKEOVER_S,
-    MIN_TAKEOVER_S,
-    Children,
-    children,
-    kill_and_reap,
-    receive,
-    run_contenders,
-)
+from proc_helpers import MAX_TAKEOVER_S, MIN_TAKEOVER_S, Children, kill_and_reap, receive, run_contenders
 
 CONTENDERS = 16
 ROUNDS = 8
@@ -187,7 +179,7 @@ def test_bad_table_names_are_refused_before_any_sql(make_sqlite, db, table):
 
 
 # ---- real processes on one file ------------------------------------------------------------------
-def test_sixteen_processes_never_hold_a_key_at_the_same_time(children: Children, db: Path) -> None:  # noqa: F811
+def test_sixteen_processes_never_hold_a_key_at_the_same_time(children: Children, db: Path) -> None:
     holds = run_contenders(children, f"sqlite:{db}", "locks", "hot", CONTENDERS, ROUNDS, True, 2.0)
     assert len(holds) == CONTENDERS * ROUNDS
     holds.sort()  # CLOCK_MONOTONIC is system-wide on Linux: intervals of all processes compare
@@ -198,7 +190,7 @@ def test_sixteen_processes_never_hold_a_key_at_the_same_time(children: Children,
     assert raw_rows(db)[0][6] == CONTENDERS * ROUNDS  # one fence step per acquisition
 
 
-def test_a_sigkilled_holder_is_taken_over_after_its_lease(children: Children, db: Path) -> None:  # noqa: F811
+def test_a_sigkilled_holder_is_taken_over_after_its_lease(children: Children, db: Path) -> None:
     target = f"sqlite:{db}"
     child = children.start(mp_workers.hold_until_killed, target, "locks", "killed", 1.0, "fastlease", True)
     _, pid, child_owner = receive(child, "held")

@@ -24,7 +24,6 @@ Failure classes (what the engine needs to know):
 from __future__ import annotations
 
 import json
-import logging
 import re
 import socket
 import ssl
@@ -35,8 +34,6 @@ from urllib.parse import urlsplit
 
 from ..exceptions import StoreError
 from ._sigv4 import SigV4Signer
-
-_log = logging.getLogger("fastlease.stores.dynamodb")
 
 TARGET_PREFIX = "DynamoDB_20120810."
 #: Idle keep-alive connections older than this are closed rather than reused: servers drop idle

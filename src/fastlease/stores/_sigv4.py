@@ -161,11 +161,6 @@ class SigV4Signer:
         """The AWS region signed for (fixed per signer, which is why it is not part of the key cache)."""
         return self._region
 
-    @property
-    def service(self) -> str:
-        """The signing service name (``dynamodb``)."""
-        return self._service
-
     def _derive(self, secret_key: str, datestamp: str) -> _KeyEntry:
         """Derive the signing key (kDate -> kRegion -> kService -> kSigning) and publish it in the cache."""
         k_date = _hmac_sha256(f"AWS4{secret_key}".encode(), datestamp.encode())

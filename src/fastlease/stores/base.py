@@ -1,7 +1,8 @@
 """The store interface: the single atomic operations every lock store provides.
 
-A store is an adapter. It never loops, sleeps, retries, generates ids or reads a clock: the engine
-(``fastlease._core``) does all of that, once, for every store. A lost race is a return value
+A store is an adapter. It never loops, sleeps, retries, generates ids or reads the protocol's clocks
+(a transport may time its own requests): the engine (``fastlease._core``) does all of that, once, for
+every store. A lost race is a return value
 (``False``); a failed request raises :class:`~fastlease.exceptions.StoreError` whose
 ``maybe_committed`` says whether a write could still have been applied (a timeout after sending, a
 dropped response), so the engine knows to reconcile it with a consistent read.

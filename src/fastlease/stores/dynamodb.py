@@ -279,39 +279,32 @@ class DynamoDBStore:
         }
         return self._send("PutItem", params, timeout_s, usage, key) is not None
 
-    def update_version_if(
-        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+    def _update_if_held(
+        self, table: str, key: str, owner: str, version: str, update: str, condition: str,
+        names: dict[str, str], values: dict[str, Any], timeout_s: float, usage: UsageMeter,
     ) -> bool:
+        """One UpdateItem conditioned on the row holding (owner, version) (and ``condition``'s rest)."""
         params = {
             "TableName": table,
             "Key": {"key": {"S": key}},
-            "UpdateExpression": RENEW_UPDATE,
-            "ConditionExpression": OWNER_AND_VERSION_CONDITION,
-            "ExpressionAttributeNames": _OWNER_VERSION_NAMES,
-            "ExpressionAttributeValues": {
-                ":owner": {"S": owner},
-                ":version": {"S": version},
-                ":new_version": {"S": new_version},
-            },
+            "UpdateExpression": update,
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": {":owner": {"S": owner}, ":version": {"S": version}, **values},
         }
         return self._send("UpdateItem", params, timeout_s, usage, key) is not None
+
+    def update_version_if(
+        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        return self._update_if_held(table, key, owner, version, RENEW_UPDATE, OWNER_AND_VERSION_CONDITION,
+                                    _OWNER_VERSION_NAMES, {":new_version": {"S": new_version}}, timeout_s, usage)
 
     def mark_waiting(
         self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
-        params = {
-            "TableName": table,
-            "Key": {"key": {"S": key}},
-            "UpdateExpression": WAITING_UPDATE,
-            "ConditionExpression": WAITING_CONDITION,
-            "ExpressionAttributeNames": _WAITING_NAMES,
-            "ExpressionAttributeValues": {
-                ":owner": {"S": owner},
-                ":version": {"S": version},
-                ":waiting": {"BOOL": True},
-            },
-        }
-        return self._send("UpdateItem", params, timeout_s, usage, key) is not None
+        return self._update_if_held(table, key, owner, version, WAITING_UPDATE, WAITING_CONDITION,
+                                    _WAITING_NAMES, {":waiting": {"BOOL": True}}, timeout_s, usage)
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
@@ -327,12 +320,10 @@ class DynamoDBStore:
         response = self._send("DeleteItem", params, timeout_s, usage, key)
         if response is None:
             return None
-        item = response.get("Attributes") or {}
-        try:
-            return parse_row(item, key)
-        except MalformedLockRow:
-            # The row is deleted either way; a garbled echo of it only loses the hint.
-            return LockRow(owner, "", 0, 0)
+        # Only the hint is read from the old row (the store interface allows the rest to be blank);
+        # the row is deleted either way, so a garbled echo of it only loses the hint.
+        old = response.get("Attributes") or {}
+        return LockRow(owner, "", 0, 0, old.get("waiting") == {"BOOL": True})
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         params = {"TableName": table, "Key": {"key": {"S": key}}, "ConsistentRead": True}
@@ -451,15 +442,7 @@ class DynamoDBClient(LeaseClient):
     # ---- tables (deployment-time helpers; lock operations never call these) ----------------------
     def create_lock_table(self, name: str, *, wait: bool = True) -> None:
         """Create a lock table: string partition key ``key``, no sort key, on-demand, TTL disabled."""
-        self._core.check_table(name)
-        self.boto3_client.create_table(
-            TableName=name,
-            AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
-            KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        if wait:
-            self.boto3_client.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1})
+        self.sync_create_table(name, partition_key=("key", "S"), wait=wait)
 
     def lock_table_exists(self, name: str) -> bool:
         """True if the table exists (in any status)."""
@@ -503,9 +486,9 @@ class DynamoDBClient(LeaseClient):
 
     # ---- transactions ------------------------------------------------------------------------
     def _check_in(self, lease: Any, transaction: Any) -> None:
-        from ..dynamodb import SyncTransaction, Transaction
+        from ..dynamodb import SyncTransaction
 
-        if not isinstance(transaction, (SyncTransaction, Transaction)):
+        if not isinstance(transaction, SyncTransaction):  # Transaction (async) is a subclass
             raise TypeError(
                 f"check_in takes a fastlease.dynamodb Transaction or SyncTransaction, got {type(transaction).__name__}"
             )

@@ -19,7 +19,6 @@ of. Every value is a parameter.
 
 from __future__ import annotations
 
-import logging
 import os
 import sqlite3
 import threading
@@ -30,8 +29,6 @@ from ..exceptions import LockLost, StoreError, StoreRequestRejected
 from .base import LockRow, UsageMeter
 
 __all__ = ["SQLiteClient", "SQLiteStore"]
-
-_log = logging.getLogger("fastlease.stores.sqlite")
 
 _PREFIX = "fastlease_lock_"
 #: One lock table. ``owner`` NULL means free (the row only keeps the fence counter).
@@ -93,8 +90,7 @@ class SQLiteStore:
         if os.path.isdir(self.path):
             raise ValueError(f"SQLite lock file {self.path!r} is a directory")
         self._local = threading.local()  # one connection per thread (the renewal workers have their own)
-        self._tables: set[str] = set()
-        self._tables_lock = threading.Lock()
+        self._tables: set[str] = set()  # lock tables known to exist (CREATE ... IF NOT EXISTS is idempotent)
         try:
             connection = self._connection()
             # WAL: readers (polling waiters) never block the writer. Persistent in the file.
@@ -111,10 +107,10 @@ class SQLiteStore:
         connection: Optional[sqlite3.Connection] = getattr(self._local, "connection", None)
         if connection is None:
             # Autocommit (isolation_level=None): each statement is its own atomic transaction.
-            connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True, timeout=5.0)
+            connection = sqlite3.connect(self.path, isolation_level=None)
             connection.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
             self._local.connection = connection
-            self._local.busy_ms = 5000
+            self._local.busy_ms = 5000  # sqlite3.connect's default timeout of 5 s
         return connection
 
     def _prepared(self, table: str, timeout_s: float) -> sqlite3.Connection:
@@ -125,10 +121,8 @@ class SQLiteStore:
             connection.execute(f"PRAGMA busy_timeout={busy_ms}")  # an int, not user input
             self._local.busy_ms = busy_ms
         if table not in self._tables:
-            name = sql_table_name(table)
-            with self._tables_lock:
-                connection.execute(_CREATE.format(name=name))
-                self._tables.add(table)
+            connection.execute(_CREATE.format(name=sql_table_name(table)))
+            self._tables.add(table)
         return connection
 
     def _run(self, table: str, key: str, timeout_s: float, action: Any) -> Any:
@@ -145,13 +139,17 @@ class SQLiteStore:
             raise StoreRequestRejected(f"SQLite lock file {self.path!r} unusable: {_describe(error)}",
                                        key=key) from error
 
+    def _applied(self, table: str, key: str, timeout_s: float, statement: str, parameters: tuple) -> bool:
+        """Run one conditional write; True if it changed the row."""
+        return bool(self._run(
+            table, key, timeout_s,
+            lambda connection, name: connection.execute(statement.format(name=name), parameters).rowcount == 1,
+        ))
+
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
     ) -> bool:
-        def action(connection: sqlite3.Connection, name: str) -> bool:
-            return connection.execute(_PUT_IF_ABSENT.format(name=name), (key, owner, version, lease_ms)).rowcount == 1
-
-        return bool(self._run(table, key, timeout_s, action))
+        return self._applied(table, key, timeout_s, _PUT_IF_ABSENT, (key, owner, version, lease_ms))
 
     def replace_if(
         self,
@@ -165,33 +163,24 @@ class SQLiteStore:
         timeout_s: float,
         usage: UsageMeter,
     ) -> bool:
-        def action(connection: sqlite3.Connection, name: str) -> bool:
-            parameters = (owner, version, lease_ms, key, expected_owner, expected_version)
-            return connection.execute(_REPLACE_IF.format(name=name), parameters).rowcount == 1
-
-        return bool(self._run(table, key, timeout_s, action))
+        parameters = (owner, version, lease_ms, key, expected_owner, expected_version)
+        return self._applied(table, key, timeout_s, _REPLACE_IF, parameters)
 
     def update_version_if(
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
-        def action(connection: sqlite3.Connection, name: str) -> bool:
-            parameters = (new_version, key, owner, version)
-            return connection.execute(_UPDATE_VERSION_IF.format(name=name), parameters).rowcount == 1
-
-        return bool(self._run(table, key, timeout_s, action))
+        return self._applied(table, key, timeout_s, _UPDATE_VERSION_IF, (new_version, key, owner, version))
 
     def mark_waiting(
         self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
-        def action(connection: sqlite3.Connection, name: str) -> bool:
-            return connection.execute(_MARK_WAITING.format(name=name), (key, owner, version)).rowcount == 1
-
-        return bool(self._run(table, key, timeout_s, action))
+        return self._applied(table, key, timeout_s, _MARK_WAITING, (key, owner, version))
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
     ) -> Optional[LockRow]:
-        def action(connection: sqlite3.Connection, name: str) -> Optional[LockRow]:
+        def free(connection: sqlite3.Connection, name: str) -> Optional[LockRow]:
+            # One IMMEDIATE transaction, so the hint returned is the one on the row we free.
             connection.execute("BEGIN IMMEDIATE")
             try:
                 found = connection.execute(_READ_OWNED.format(name=name), (key, owner)).fetchone()
@@ -204,16 +193,15 @@ class SQLiteStore:
                 raise
             return None if found is None else _row(found)
 
-        result: Optional[LockRow] = self._run(table, key, timeout_s, action)
+        result: Optional[LockRow] = self._run(table, key, timeout_s, free)
         return result
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
-        def action(connection: sqlite3.Connection, name: str) -> Optional[LockRow]:
-            found = connection.execute(_READ.format(name=name), (key,)).fetchone()
-            return None if found is None else _row(found)
-
-        result: Optional[LockRow] = self._run(table, key, timeout_s, action)
-        return result
+        found = self._run(
+            table, key, timeout_s,
+            lambda connection, name: connection.execute(_READ.format(name=name), (key,)).fetchone(),
+        )
+        return None if found is None else _row(found)
 
     def close(self) -> None:
         """Close this thread's connection (others close when their threads end)."""
