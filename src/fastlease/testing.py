@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from .exceptions import StoreError
 
-__all__ = ["FakeClock", "FaultInjector", "FAULTS"]
+__all__ = ["FakeClock", "FaultInjector", "FAULTS", "NO_USAGE"]
 
 #: Injectable faults. ``delay``: the request takes ``delay_s``; past its timeout it still commits but
 #: reports a timeout (a late commit). ``lost_response``: applied, then reported as a timeout.
@@ -152,3 +152,14 @@ class FaultInjector:
             raise StoreError(f"injected: {operation} timed out after {timeout_s:g}s", maybe_committed=True)
         self._pass_time(delay_s)
         return apply(*args)
+
+
+class _NoUsage:
+    """A ``UsageMeter`` that discards capacity: for calling a store's operations directly."""
+
+    def add_capacity(self, rcu: float, wcu: float) -> None:
+        pass
+
+
+#: Pass as ``usage`` when calling a store operation directly (``store.read("locks", "k", 5.0, NO_USAGE)``).
+NO_USAGE = _NoUsage()

@@ -14,14 +14,9 @@ import pytest
 
 from fastlease.stores.base import LockRow
 from fastlease.stores.memory import MemoryStore
+from fastlease.testing import NO_USAGE
 
-
-class _NoUsage:
-    def add_capacity(self, rcu: float, wcu: float) -> None:
-        pass
-
-
-USAGE = _NoUsage()
+USAGE = NO_USAGE
 T = 5.0  # request timeout passed to every operation
 
 

@@ -14,7 +14,7 @@ from fastlease import LockLost, LockNotAcquired, SyncDistributedLock, distribute
 from fastlease.dynamodb import DynamoDBClient, SyncTransaction, TransactionCanceled
 from fastlease.exceptions import MalformedLockRow, StoreError, StoreRequestRejected
 from fastlease.stores.dynamodb import TIMEOUT_BUCKETS_S, DynamoDBStore, ServiceError, _bucket
-from fastlease.testing import FakeClock
+from fastlease.testing import NO_USAGE, FakeClock
 
 REGION = "us-east-1"
 
@@ -423,5 +423,31 @@ def test_no_credentials_fails_at_once_with_a_clear_error(monkeypatch, core):
             with SyncDistributedLock(client, table="locks", key="k", wait_timeout=30):
                 pass
         assert clock.monotonic_ns() == FakeClock().monotonic_ns()  # no waiting on a hopeless error
+    finally:
+        client.close()
+
+
+def test_a_credential_refresh_failure_is_a_retryable_error_not_a_raw_botocore_one(aws, core, transport):
+    # Real botocore refreshable credentials (as from STS, IMDS or a credential process) whose refresh
+    # fails: nothing is sent, so the store reports "not applied" and the engine may try again.
+    from botocore.credentials import RefreshableCredentials
+    from botocore.exceptions import CredentialRetrievalError
+
+    def refresh() -> dict:
+        raise CredentialRetrievalError(provider="test-provider", error_msg="metadata service unreachable")
+
+    user = aws.client("dynamodb")
+    user._request_signer._credentials = RefreshableCredentials.create_from_metadata(
+        metadata={"access_key": "testing", "secret_key": "testing", "token": "t",
+                  "expiry_time": "2000-01-01T00:00:00Z"},
+        refresh_using=refresh, method="test",
+    )
+    client = DynamoDBClient(user, fast_path=transport == "fast", _core=core)
+    try:
+        assert client.transport == transport
+        with pytest.raises(StoreError) as info:
+            client._store.put_if_absent("locks", "k", "o", "v", 30_000, 5.0, NO_USAGE)
+        assert info.value.maybe_committed is False
+        assert isinstance(info.value.__cause__, CredentialRetrievalError)
     finally:
         client.close()

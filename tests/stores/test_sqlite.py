@@ -14,7 +14,7 @@ import pytest
 import mp_workers
 from fastlease import SQLiteClient, SyncDistributedLock
 from fastlease.exceptions import LockLost, LockNotAcquired, MalformedLockRow
-from fastlease.testing import FakeClock
+from fastlease.testing import NO_USAGE, FakeClock
 from proc_helpers import MAX_TAKEOVER_S, MIN_TAKEOVER_S, Children, kill_and_reap, receive, run_contenders
 
 CONTENDERS = 16
@@ -205,3 +205,46 @@ def test_a_sigkilled_holder_is_taken_over_after_its_lease(children: Children, db
         assert MIN_TAKEOVER_S <= waited < MAX_TAKEOVER_S, f"took over after {waited:.3f} s"
     finally:
         client.close()
+
+
+def test_a_busy_file_is_a_retryable_not_applied_error(db):
+    from fastlease.exceptions import StoreError
+    from fastlease.stores.sqlite import SQLiteStore
+
+    store = SQLiteStore(db)
+    other = sqlite3.connect(db, isolation_level=None)
+    try:
+        assert store.put_if_absent("locks", "k", "o", "v", 1000, 1.0, NO_USAGE) is True  # creates the table
+        other.execute("BEGIN IMMEDIATE")  # another process holds the file's write lock
+        with pytest.raises(StoreError) as info:
+            store.put_if_absent("locks", "k2", "o", "v", 1000, 0.05, NO_USAGE)
+        assert info.value.maybe_committed is False and info.value.key == "k2"
+        other.execute("ROLLBACK")
+        assert store.put_if_absent("locks", "k2", "o", "v", 1000, 1.0, NO_USAGE) is True
+    finally:
+        other.close()
+        store.close()
+
+
+@pytest.mark.parametrize("table", ["jobs", "unlocked_jobs"])  # a name containing "locked" changes nothing
+def test_a_lock_table_dropped_underneath_is_refused_not_reconciled(db, table):
+    from fastlease.exceptions import StoreRequestRejected
+    from fastlease.stores.sqlite import SQLiteStore
+
+    store = SQLiteStore(db)
+    try:
+        assert store.put_if_absent(table, "k", "o", "v", 1000, 1.0, NO_USAGE) is True
+        with sqlite3.connect(db) as connection:
+            connection.execute(f'DROP TABLE "fastlease_lock_{table}"')
+        with pytest.raises(StoreRequestRejected, match="no such table"):
+            store.put_if_absent(table, "k", "o", "v", 1000, 1.0, NO_USAGE)
+    finally:
+        store.close()
+
+
+def test_an_sqlite_too_old_for_the_upsert_is_refused_at_once(db, monkeypatch):
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 23, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.23.1")
+    with pytest.raises(RuntimeError, match="needs SQLite 3.24.0 or later; this Python links SQLite 3.23.1"):
+        SQLiteClient(db)
+    assert not db.exists()

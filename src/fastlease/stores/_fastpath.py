@@ -209,10 +209,16 @@ class FastTransport:
 
     # ---- requests ----------------------------------------------------------------------------
     def call(self, operation: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        from .dynamodb import ServiceError
+        from botocore.exceptions import BotoCoreError
+
+        from .dynamodb import ServiceError, classify_unsent
 
         body = _encode_json(params).encode()
-        frozen = self._credentials.get_frozen_credentials()
+        try:
+            frozen = self._credentials.get_frozen_credentials()  # may refresh (STS, IMDS, a process)
+        except BotoCoreError as error:  # nothing was sent
+            unsent = classify_unsent(operation, error)
+            raise unsent or StoreError(f"DynamoDB {operation} not sent: {error}", maybe_committed=False) from error
         headers = self._signer.sign(
             host=self._host_header,
             body=body,

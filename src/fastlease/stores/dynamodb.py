@@ -131,28 +131,40 @@ class Boto3Transport:
         return client
 
     def call(self, operation: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        from botocore.exceptions import (
-            BotoCoreError,
-            ClientError,
-            ConnectTimeoutError,
-            EndpointConnectionError,
-            NoCredentialsError,
-        )
+        from botocore.exceptions import BotoCoreError, ClientError
 
         client = self._client(timeout_s)
         try:
             return getattr(client, _METHODS[operation])(**params)  # type: ignore[no-any-return]
-        except NoCredentialsError as error:
-            raise StoreRequestRejected(f"DynamoDB {operation}: {error}") from error
         except ClientError as error:
             info = error.response.get("Error", {})
             status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             raise ServiceError(str(info.get("Code", "")), str(info.get("Message", "")), int(status)) from error
-        except (ConnectTimeoutError, EndpointConnectionError) as error:
-            raise StoreError(f"DynamoDB {operation} not sent: {error}", maybe_committed=False) from error
         except BotoCoreError as error:
+            unsent = classify_unsent(operation, error)
+            if unsent is not None:
+                raise unsent from error
             # A read timeout or a dropped connection after sending: the write may have landed.
             raise StoreError(f"DynamoDB {operation} failed after sending: {error}", maybe_committed=True) from error
+
+
+def classify_unsent(operation: str, error: Exception) -> Optional[Exception]:
+    """The fastlease error for a botocore error raised before the request was sent (so it cannot have
+    been applied), or None if ``error`` is not one of those. Shared by both transports."""
+    from botocore.exceptions import (
+        ConnectTimeoutError,
+        CredentialRetrievalError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        ParamValidationError,
+        PartialCredentialsError,
+    )
+
+    if isinstance(error, (NoCredentialsError, PartialCredentialsError, ParamValidationError)):
+        return StoreRequestRejected(f"DynamoDB {operation}: {error}")  # waiting cannot fix these
+    if isinstance(error, (CredentialRetrievalError, ConnectTimeoutError, EndpointConnectionError)):
+        return StoreError(f"DynamoDB {operation} not sent: {error}", maybe_committed=False)
+    return None
 
 
 _METHODS = {

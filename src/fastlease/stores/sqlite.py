@@ -31,6 +31,7 @@ from .base import LockRow, UsageMeter
 __all__ = ["SQLiteClient", "SQLiteStore"]
 
 _PREFIX = "fastlease_lock_"
+MIN_SQLITE_VERSION = (3, 24, 0)
 #: One lock table. ``owner`` NULL means free (the row only keeps the fence counter).
 _CREATE = """CREATE TABLE IF NOT EXISTS "{name}" (
     key      TEXT PRIMARY KEY NOT NULL,
@@ -75,12 +76,43 @@ def _describe(error: sqlite3.Error) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+#: SQLite primary result codes (the low byte of ``sqlite_errorcode``, Python 3.11+) by kind, and the
+#: fixed messages SQLite gives them, for older Pythons. The message is matched from its start only:
+#: a table or file name in it can then never change the kind.
+_KINDS_BY_CODE = {5: "busy", 6: "busy", 10: "io", 8: "refused", 13: "refused", 14: "refused", 1: "refused",
+                  11: "refused", 26: "refused"}
+_KINDS_BY_MESSAGE = (
+    ("database is locked", "busy"),
+    ("database table is locked", "busy"),
+    ("disk i/o error", "io"),
+    ("attempt to write a readonly database", "refused"),
+    ("database or disk is full", "refused"),
+    ("unable to open database file", "refused"),
+    ("no such table", "refused"),
+    ("file is not a database", "refused"),
+    ("database disk image is malformed", "refused"),
+)
+
+
+def _error_kind(error: sqlite3.DatabaseError) -> Optional[str]:
+    code = getattr(error, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return _KINDS_BY_CODE.get(code & 0xFF)
+    text = str(error).lower()
+    return next((kind for prefix, kind in _KINDS_BY_MESSAGE if text.startswith(prefix)), None)
+
+
 class SQLiteStore:
     """The LockStore adapter for one SQLite file; one statement (or one IMMEDIATE transaction) per step."""
 
     blocking = True  # requests may wait for the file's write lock
 
     def __init__(self, path: "str | os.PathLike[str]") -> None:
+        if sqlite3.sqlite_version_info < MIN_SQLITE_VERSION:  # acquire is an upsert (ON CONFLICT ... WHERE)
+            raise RuntimeError(
+                f"the SQLite store needs SQLite {'.'.join(map(str, MIN_SQLITE_VERSION))} or later; this Python "
+                f"links SQLite {sqlite3.sqlite_version}"
+            )
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"SQLiteClient takes a file path, got {type(path).__name__}: {path!r:.80}")
         self.path = os.path.abspath(os.fspath(path))
@@ -128,16 +160,20 @@ class SQLiteStore:
     def _run(self, table: str, key: str, timeout_s: float, action: Any) -> Any:
         try:
             return action(self._prepared(table, timeout_s), _PREFIX + table)
-        except sqlite3.OperationalError as error:
-            # Busy or locked: not applied (SQLite rolls the statement back), so try again later.
-            # Disk I/O errors may leave a commit's outcome unknown: reconcile.
-            text = str(error).lower()
-            busy = "locked" in text or "busy" in text
-            raise StoreError(f"SQLite request on {key!r} failed: {_describe(error)}", key=key,
-                             maybe_committed=not busy) from error
         except sqlite3.DatabaseError as error:
-            raise StoreRequestRejected(f"SQLite lock file {self.path!r} unusable: {_describe(error)}",
-                                       key=key) from error
+            raise self._classify(error, key) from error
+
+    def _classify(self, error: sqlite3.DatabaseError, key: str) -> Exception:
+        """Busy or locked: not applied (SQLite rolled the statement back), so try again later. An I/O
+        error (or one we cannot name) may have left a commit's outcome unknown: reconcile. The rest
+        (read-only, full, cannot open, corrupt, a lock table dropped underneath) waiting cannot fix."""
+        kind = _error_kind(error)
+        text = f"SQLite request on {key!r} failed: {_describe(error)}"
+        if kind == "busy":
+            return StoreError(text, key=key, maybe_committed=False)
+        if kind == "io" or (kind is None and isinstance(error, sqlite3.OperationalError)):
+            return StoreError(text, key=key, maybe_committed=True)
+        return StoreRequestRejected(f"{text} (lock file {self.path!r})", key=key)
 
     def _applied(self, table: str, key: str, timeout_s: float, statement: str, parameters: tuple) -> bool:
         """Run one conditional write; True if it changed the row."""
