@@ -19,7 +19,7 @@ test: $(INSTALLED)
 	$(PY) -m pytest
 
 demo: $(INSTALLED)
-	$(PY) examples/memory_demo.py
+	$(VENV)/bin/fastlease demo
 
 bench: $(INSTALLED)
 	$(PY) bench/memory_cycle.py

@@ -68,6 +68,12 @@ class LeaseClient:
             "use lease.raise_if_lost() for a local check"
         )
 
+    def inspect(self, table: str, key: Optional[str] = None) -> list[dict[str, Any]]:
+        """The held rows of ``table`` (or only ``key``'s) as stored, for operators and the CLI: dicts
+        with key, owner, version, lease_ms, protocol, waiting and fence (None where the store keeps
+        none). Reads only: nothing is created, observed or changed."""
+        raise TypeError(f"{type(self).__name__} cannot be inspected from outside its process")
+
     def _async_executor(self) -> Any:
         """The bounded thread pool the async API runs blocking steps on (not the loop's default pool,
         which lock waits could starve). One per client; threads are made as needed."""

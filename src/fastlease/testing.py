@@ -11,6 +11,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from .exceptions import StoreError
+from .stores.base import NO_USAGE  # re-exported for tests that call store operations directly
 
 __all__ = ["FakeClock", "FaultInjector", "FAULTS", "NO_USAGE"]
 
@@ -152,14 +153,3 @@ class FaultInjector:
             raise StoreError(f"injected: {operation} timed out after {timeout_s:g}s", maybe_committed=True)
         self._pass_time(delay_s)
         return apply(*args)
-
-
-class _NoUsage:
-    """A ``UsageMeter`` that discards capacity: for calling a store's operations directly."""
-
-    def add_capacity(self, rcu: float, wcu: float) -> None:
-        pass
-
-
-#: Pass as ``usage`` when calling a store operation directly (``store.read("locks", "k", 5.0, NO_USAGE)``).
-NO_USAGE = _NoUsage()

@@ -36,6 +36,17 @@ class UsageMeter(Protocol):
     def add_capacity(self, rcu: float, wcu: float) -> None: ...
 
 
+class _NoUsage:
+    """A ``UsageMeter`` that discards capacity: for calling a store's operations directly."""
+
+    def add_capacity(self, rcu: float, wcu: float) -> None:
+        pass
+
+
+#: Pass as ``usage`` when calling a store operation directly (``store.read("locks", "k", 5.0, NO_USAGE)``).
+NO_USAGE = _NoUsage()
+
+
 class LockStore(Protocol):
     """Single atomic operations on lock rows keyed by (table, key)."""
 

@@ -211,6 +211,11 @@ def _waiting(item: dict[str, Any], key: str) -> bool:
     return flag
 
 
+def _int_or_raw(text: Any) -> Any:
+    """An N attribute as an int for display; anything else (a malformed row) as stored."""
+    return int(text) if isinstance(text, str) and text.lstrip("-").isdigit() else text
+
+
 def parse_row(item: dict[str, Any], key: str) -> LockRow:
     """Strict parsing of a stored item into a LockRow: missing or mistyped attributes fail closed.
     (Range and protocol checks are the engine's: ``check_row``.)"""
@@ -464,6 +469,27 @@ class DynamoDBClient(LeaseClient):
         except self.boto3_client.exceptions.ResourceNotFoundException:
             return False
         return True
+
+    def inspect(self, table: str, key: Optional[str] = None) -> list[dict[str, Any]]:
+        """Held rows, through your boto3 client: a consistent GetItem for one key, else a consistent
+        Scan (paginated; an operator's tool, not for hot paths)."""
+        self._core.check_table(table)
+        if key is not None:
+            response = self.boto3_client.get_item(TableName=table, Key={"key": {"S": key}}, ConsistentRead=True)
+            items = [response["Item"]] if "Item" in response else []
+        else:
+            items = []
+            for page in self.boto3_client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
+                items.extend(page["Items"])
+        rows = []
+        for item in items:
+            plain = {name: next(iter(value.values())) for name, value in item.items()}
+            rows.append({
+                "key": plain.get("key"), "owner": plain.get("owner"), "version": plain.get("version"),
+                "lease_ms": _int_or_raw(plain.get("lease_ms")), "protocol": _int_or_raw(plain.get("protocol")),
+                "waiting": plain.get("waiting", False), "fence": None,
+            })
+        return sorted(rows, key=lambda row: str(row["key"]))
 
     # ---- pydynox-style helpers, so the reference's examples run with only their imports changed ----
     def sync_table_exists(self, name: str) -> bool:

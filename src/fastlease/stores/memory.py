@@ -159,3 +159,8 @@ class MemoryClient(LeaseClient):
     def __init__(self, *, store: Optional[MemoryStore] = None, clock: Optional[Any] = None, **engine: Any) -> None:
         self.store = store if store is not None else MemoryStore()
         super().__init__(self.store, clock=clock, **engine)
+
+    def inspect(self, table: str, key: Optional[str] = None) -> list[dict[str, Any]]:
+        rows = self.store.rows(self._core.check_table(table))
+        return [{"key": k, **row._asdict(), "fence": None}
+                for k, row in sorted(rows.items()) if key is None or k == key]

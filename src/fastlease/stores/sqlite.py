@@ -56,6 +56,8 @@ _UPDATE_VERSION_IF = """UPDATE "{name}" SET version = ? WHERE key = ? AND owner 
 #: A contender's turn-taking hint, once per hold.
 _MARK_WAITING = """UPDATE "{name}" SET waiting = 1 WHERE key = ? AND owner = ? AND version = ? AND waiting = 0"""
 _READ = """SELECT owner, version, lease_ms, protocol, waiting FROM "{name}" WHERE key = ? AND owner IS NOT NULL"""
+_INSPECT = """SELECT key, owner, version, lease_ms, protocol, waiting, fence FROM "{name}"
+WHERE owner IS NOT NULL AND (? IS NULL OR key = ?) ORDER BY key"""
 _READ_OWNED = """SELECT owner, version, lease_ms, protocol, waiting FROM "{name}" WHERE key = ? AND owner = ?"""
 _FREE = """UPDATE "{name}" SET owner = NULL, version = NULL, waiting = 0 WHERE key = ? AND owner = ?"""
 #: check_in: a write (so the caller's transaction holds SQLite's one write lock from here to its
@@ -239,6 +241,20 @@ class SQLiteStore:
         )
         return None if found is None else _row(found)
 
+    def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
+        """Held rows of ``table`` (or ``key``'s), fence included. Never creates the table."""
+        name = sql_table_name(table)
+        connection = self._connection()
+        try:
+            exists = connection.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+            ).fetchone()
+            found = connection.execute(_INSPECT.format(name=name), (key, key)).fetchall() if exists else []
+        except sqlite3.DatabaseError as error:
+            raise self._classify(error, key or table) from error
+        columns = ("key", "owner", "version", "lease_ms", "protocol", "waiting", "fence")
+        return [{**dict(zip(columns, row)), "waiting": row[5] == 1} for row in found]
+
     def close(self) -> None:
         """Close this thread's connection (others close when their threads end)."""
         connection = getattr(self._local, "connection", None)
@@ -270,6 +286,9 @@ class SQLiteClient(LeaseClient):
 
     def _observation_scope(self) -> str:
         return f"sqlite:{os.path.realpath(self.store.path)}"
+
+    def inspect(self, table: str, key: Optional[str] = None) -> list[dict[str, Any]]:
+        return self.store.inspect(table, key)
 
     def _check_in(self, lease: Any, transaction: Any) -> None:
         """Check ownership inside the caller's open transaction on the same file.

@@ -1,0 +1,215 @@
+"""The ``fastlease`` command (also ``python -m fastlease``): inspect and operate lock tables, run the demo.
+
+    fastlease create-table NAME [--endpoint-url URL] [--region R]      (DynamoDB)
+    fastlease status KEY --table T [store options]
+    fastlease list --table T [store options]
+    fastlease release KEY --table T --force [store options]
+    fastlease demo [--store sqlite|dynamodb|redis|memory] [--workers N] [--seconds S]
+
+Store options: ``--store sqlite`` (the default; ``--path``, default ``./fastlease.db``) or ``--store
+dynamodb`` (``--endpoint-url``, ``--region``; credentials from the usual AWS chain). Every command
+takes ``--json``. User errors print one line and exit 1 (2 for a bad command line), never a traceback;
+nothing is deleted without ``--force``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from .exceptions import FastleaseError
+from .stores.base import NO_USAGE
+
+DEFAULT_SQLITE_PATH = "fastlease.db"
+
+
+class UserError(Exception):
+    """A problem with what the user asked for: printed as one line, exit status 1."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastlease", description="Distributed leases: inspect, operate, demo.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def store_options(command: argparse.ArgumentParser, stores: Sequence[str]) -> None:
+        command.add_argument("--store", default="sqlite", help=f"one of {', '.join(stores)} (default sqlite)")
+        command.add_argument("--path", help=f"SQLite file (default ./{DEFAULT_SQLITE_PATH}; demo: a temporary one)")
+        command.add_argument("--endpoint-url", help="DynamoDB endpoint (default: the AWS configuration)")
+        command.add_argument("--region", help="DynamoDB Region (default: the AWS configuration)")
+        command.add_argument("--json", action="store_true", help="print JSON")
+
+    create = commands.add_parser("create-table", help="create a DynamoDB lock table")
+    create.add_argument("name")
+    create.add_argument("--endpoint-url")
+    create.add_argument("--region")
+    create.add_argument("--json", action="store_true", help="print JSON")
+
+    status = commands.add_parser("status", help="who holds a key, and since when this host has seen it unchanged")
+    status.add_argument("key")
+    status.add_argument("--table", required=True)
+    store_options(status, ("sqlite", "dynamodb"))
+
+    listing = commands.add_parser("list", help="the held keys of a table")
+    listing.add_argument("--table", required=True)
+    store_options(listing, ("sqlite", "dynamodb"))
+
+    release = commands.add_parser("release", help="remove a lock row (only with --force)")
+    release.add_argument("key")
+    release.add_argument("--table", required=True)
+    release.add_argument("--force", action="store_true", help="really remove the row printed")
+    store_options(release, ("sqlite", "dynamodb"))
+
+    demo = commands.add_parser("demo", help="worker processes contend on customer keys; one holder is killed")
+    demo.add_argument("--workers", type=int, default=4)
+    demo.add_argument("--seconds", type=float, default=10.0)
+    store_options(demo, ("sqlite", "dynamodb", "redis", "memory"))
+    return parser
+
+
+def _client(args: argparse.Namespace) -> Any:
+    if args.store == "sqlite":
+        from .stores.sqlite import SQLiteClient
+
+        path = args.path or DEFAULT_SQLITE_PATH
+        if not os.path.exists(path):
+            raise UserError(f"no SQLite lock file at {path!r} (nothing has used it yet; pass --path)")
+        return SQLiteClient(path, shared_observations=True)
+    if args.store == "dynamodb":
+        return _dynamodb(args)
+    if args.store in ("redis", "memory"):
+        raise UserError(f"--store {args.store} cannot be inspected from the command line; use sqlite or dynamodb")
+    raise UserError(f"unknown store {args.store!r}; expected sqlite or dynamodb")
+
+
+def _dynamodb(args: argparse.Namespace) -> Any:
+    try:
+        from .stores.dynamodb import DynamoDBClient
+
+        return DynamoDBClient(endpoint_url=args.endpoint_url, region_name=args.region, shared_observations=True)
+    except ImportError:
+        raise UserError("DynamoDB needs boto3: pip install 'fastlease[dynamodb]'") from None
+
+
+def _create_table(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
+    client = _dynamodb(args)
+    try:
+        if client.lock_table_exists(args.name):
+            raise UserError(f"table {args.name!r} already exists")
+        client.create_lock_table(args.name, wait=True)
+    finally:
+        client.close()
+    out({"created": args.name}, f"created lock table {args.name!r}")
+    return 0
+
+
+def _seconds_seen(client: Any, table: str, row: dict[str, Any]) -> float:
+    """How long this host has seen the row unchanged (the shared observation cache; records a sighting)."""
+    observations = client._observations
+    now_ns = client._clock.monotonic_ns()
+    seen_ns = observations.observe((table, row["key"]), row["owner"], row["version"], row["lease_ms"], now_ns)
+    return float(seen_ns) / 1e9
+
+
+def _describe_row(row: dict[str, Any], seen_s: Optional[float]) -> str:
+    lease_ms = row["lease_ms"]
+    lease = f"lease {lease_ms / 1000:g} s" if isinstance(lease_ms, int) else f"lease_ms {lease_ms!r} (malformed)"
+    parts = [f"{row['key']}: held by {row['owner']}", lease, f"protocol {row['protocol']}"]
+    if row["fence"] is not None:
+        parts.append(f"fencing token {row['fence']}")
+    if seen_s is not None:
+        parts.append(f"seen unchanged by this host for {seen_s:.1f} s")
+    return ", ".join(parts)
+
+
+def _status(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
+    client = _client(args)
+    try:
+        rows = client.inspect(args.table, args.key)
+        if not rows:
+            out({"key": args.key, "held": False}, f"{args.key}: free")
+            return 0
+        row = rows[0]
+        seen_s = _seconds_seen(client, args.table, row) if isinstance(row["lease_ms"], int) else None
+    finally:
+        client.close()
+    out({**row, "held": True, "seen_unchanged_s": seen_s}, _describe_row(row, seen_s))
+    return 0
+
+
+def _list(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
+    client = _client(args)
+    try:
+        rows = client.inspect(args.table)
+    finally:
+        client.close()
+    text = "\n".join(_describe_row(row, None) for row in rows) or f"no held keys in {args.table!r}"
+    out(rows, text)
+    return 0
+
+
+def _release(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
+    client = _client(args)
+    try:
+        rows = client.inspect(args.table, args.key)
+        if not rows:
+            out({"key": args.key, "removed": False}, f"{args.key}: not held, nothing to remove")
+            return 0
+        row = rows[0]
+        if not args.force:
+            raise UserError(f"would remove {_describe_row(row, None)}; run again with --force to remove it")
+        # Only the row printed: conditioned on its owner, so a new holder's row is never removed.
+        removed = client._store.delete_if_owner(args.table, args.key, row["owner"], 10.0, NO_USAGE) is not None
+    finally:
+        client.close()
+    if not removed:
+        raise UserError(f"{args.key}: the row changed meanwhile (a new holder); nothing removed")
+    out({**row, "removed": True}, f"removed {_describe_row(row, None)}")
+    return 0
+
+
+def _demo(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
+    from . import demo
+
+    say = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
+    try:
+        summary = demo.run(args.store, args.workers, args.seconds, path=args.path, endpoint_url=args.endpoint_url,
+                           region=args.region or "us-east-1", say=say)
+    except demo.DemoError as error:
+        raise UserError(str(error)) from None
+    if args.json:
+        out(summary, "")
+    return 1 if summary["errors"] else 0
+
+
+COMMANDS = {"create-table": _create_table, "status": _status, "list": _list, "release": _release, "demo": _demo}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    as_json = getattr(args, "json", False)
+
+    def out(data: Any, text: str) -> None:
+        print(json.dumps(data, default=str) if as_json else text, flush=True)
+
+    started = time.monotonic()
+    try:
+        return COMMANDS[args.command](args, out)
+    except (UserError, FastleaseError, ValueError, TypeError, OSError, sqlite3.Error) as error:
+        message = str(error) or type(error).__name__
+        print(f"fastlease {args.command}: error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"fastlease {args.command}: interrupted after {time.monotonic() - started:.1f} s", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - AWS SDK errors and the like: one line, not a traceback
+        print(f"fastlease {args.command}: error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""``fastlease demo``: worker processes contend on a few customer keys; one holder is killed halfway.
+
+Each worker is a separate process (spawned) with its own client, as in production. They loop over
+the customers in turn: hold the customer's lease (1 s) while "syncing" it for 0.1-0.6 s, release.
+Halfway through, the demo SIGKILLs a worker while it holds a lease: it never releases, and its
+renewals stop. Another worker takes the key over once it has seen the abandoned row unchanged for
+one full lease. The demo prints progress every second, then a table per worker and the takeover time.
+
+On the memory store the workers are threads of this process (the store lives in one process), and
+the "kill" stops the holder's renewals and abandons its row instead.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import random
+import signal
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Optional
+
+CUSTOMERS = ("acme", "globex", "initech")
+TABLE = "demo_locks"
+LEASE_S = 1.0
+WAIT_S = 3.0
+WORK_S = (0.1, 0.6)
+STORES = ("sqlite", "dynamodb", "redis", "memory")
+
+
+class DemoError(Exception):
+    """A demo that cannot run as asked (bad store, missing dependency); the message says why."""
+
+
+def make_client(spec: tuple) -> Any:
+    """A client for a store spec: ("sqlite", path), ("dynamodb", endpoint, region) or ("memory", store)."""
+    kind = spec[0]
+    if kind == "sqlite":
+        from .stores.sqlite import SQLiteClient
+
+        return SQLiteClient(spec[1])
+    if kind == "dynamodb":
+        from .stores.dynamodb import DynamoDBClient
+
+        return DynamoDBClient(endpoint_url=spec[1], region_name=spec[2])
+    from .stores.memory import MemoryClient
+
+    return MemoryClient(store=spec[1])
+
+
+def worker(index: int, spec: tuple, stop_at: float, events: Any, crash: Optional[threading.Event] = None) -> None:
+    """One worker's loop; reports ("hold", ...), ("done", ...), ("timeout", ...) or ("error", ...).
+
+    ``stop_at`` is on the monotonic clock, which is system-wide on Linux, so processes share it."""
+    from .exceptions import LockNotAcquired
+    from .lock import SyncDistributedLock
+
+    rng = random.Random(index)
+    try:
+        client = make_client(spec)
+    except Exception as error:  # noqa: BLE001 - reported to the parent
+        events.put(("error", index, f"{type(error).__name__}: {error}"))
+        return
+    try:
+        for turn in range(100_000):  # bounded; the deadline ends it first
+            if time.monotonic() >= stop_at:
+                break
+            # Each worker visits every customer in turn (from its own starting point), so a killed
+            # holder's customer is soon asked for again and the takeover shows.
+            customer = CUSTOMERS[(index + turn) % len(CUSTOMERS)]
+            guard = SyncDistributedLock(client, table=TABLE, key=f"customer-sync:{customer}",
+                                        lease_duration=LEASE_S, wait_timeout=WAIT_S)
+            try:
+                lease = guard.__enter__()
+            except LockNotAcquired:
+                events.put(("timeout", index, customer))
+                continue
+            metrics = guard.metrics
+            contended = metrics.read_requests > 0 or metrics.conditional_failures > 0  # found it held
+            events.put(("hold", index, customer, time.monotonic(), metrics.wait_ms, contended))
+            if crash is not None and crash.wait(rng.uniform(*WORK_S)):
+                client.close()  # the simulated crash: renewals stop and the row is never released
+                return
+            if crash is None:
+                time.sleep(rng.uniform(*WORK_S))  # the work done under the lease
+            renewals = lease.metrics.renewals
+            guard.__exit__(None, None, None)
+            events.put(("done", index, customer, renewals))
+    except Exception as error:  # noqa: BLE001 - reported to the parent
+        events.put(("error", index, f"{type(error).__name__}: {error}"))
+    finally:
+        client.close()
+
+
+def _store_spec(store: str, path: Optional[str], endpoint_url: Optional[str], region: str,
+                cleanup: list[Callable[[], None]], say: Callable[[str], None]) -> tuple:
+    if store == "sqlite":
+        if path is None:
+            directory = tempfile.mkdtemp(prefix="fastlease-demo-")
+            path = os.path.join(directory, "locks.db")
+            cleanup.append(lambda: _remove_tree(directory))
+        from .stores.sqlite import SQLiteClient
+
+        SQLiteClient(path).close()  # bad paths fail here, in the parent, with one clear error
+        say(f"store: SQLite file {path}")
+        return ("sqlite", path)
+    if store == "dynamodb":
+        try:
+            import boto3  # noqa: F401
+        except ImportError:
+            raise DemoError("--store dynamodb needs boto3: pip install 'fastlease[dynamodb]'") from None
+        if endpoint_url is None:
+            try:
+                from .testing_moto import MotoServer
+            except ImportError:
+                raise DemoError("--store dynamodb without --endpoint-url starts a moto server: pip install "
+                                "'moto[server]'") from None
+            server = MotoServer()
+            endpoint_url = server.start(timeout_s=60.0)
+            cleanup.append(server.stop)
+            os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+            os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+            say(f"store: DynamoDB on a local serialised moto server, {endpoint_url} (pid {server.pid})")
+        else:
+            say(f"store: DynamoDB at {endpoint_url}")
+        client = make_client(("dynamodb", endpoint_url, region))
+        try:
+            if not client.lock_table_exists(TABLE):
+                client.create_lock_table(TABLE, wait=True)
+        finally:
+            client.close()
+        return ("dynamodb", endpoint_url, region)
+    if store == "redis":
+        raise DemoError("the redis store is not available yet; use --store sqlite (the default)")
+    if store == "memory":
+        from .stores.memory import MemoryStore
+
+        say("store: in-memory (workers are threads of this process; the crash is simulated)")
+        return ("memory", MemoryStore())
+    raise DemoError(f"unknown store {store!r}; expected one of {', '.join(STORES)}")
+
+
+def _remove_tree(directory: str) -> None:
+    for name in os.listdir(directory):
+        os.remove(os.path.join(directory, name))
+    os.rmdir(directory)
+
+
+def run(store: str = "sqlite", workers: int = 4, seconds: float = 10.0, *, path: Optional[str] = None,
+        endpoint_url: Optional[str] = None, region: str = "us-east-1",
+        say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the demo; returns the summary (also printed through ``say`` as it goes)."""
+    if type(workers) is not int or not 2 <= workers <= 64:
+        raise DemoError(f"--workers must be an integer from 2 to 64, got {workers!r}")
+    if not 2.0 <= seconds <= 600.0:
+        raise DemoError(f"--seconds must be from 2 to 600, got {seconds!r}")
+    cleanup: list[Callable[[], None]] = []
+    try:
+        spec = _store_spec(store, path, endpoint_url, region, cleanup, say)
+        return _contend(spec, workers, seconds, say)
+    finally:
+        for step in reversed(cleanup):
+            step()
+
+
+def _contend(spec: tuple, count: int, seconds: float, say: Callable[[str], None]) -> dict[str, Any]:
+    threads = spec[0] == "memory"
+    say(f"{count} workers, customers {', '.join(CUSTOMERS)}, lease {LEASE_S:g} s, {seconds:g} s; "
+        "one holder is killed halfway")
+    start_at = time.monotonic() + (0.2 if threads else 2.0)  # spawned workers need time to import
+    stop_at = start_at + seconds
+    crashes: list[Optional[threading.Event]] = [threading.Event() if threads else None for _ in range(count)]
+    runners: list[Any] = []
+    if threads:
+        events: Any = queue.Queue()
+        for index in range(count):
+            runners.append(threading.Thread(target=worker, args=(index, spec, stop_at, events, crashes[index])))
+    else:
+        context = multiprocessing.get_context("spawn")
+        events = context.Queue()
+        for index in range(count):
+            runners.append(context.Process(target=worker, args=(index, spec, stop_at, events), daemon=True))
+    for runner in runners:
+        runner.start()
+    stats = [{"acquisitions": 0, "contended": 0, "wait_ms": 0.0, "renewals": 0, "timeouts": 0, "status": "ok"}
+             for _ in range(count)]
+    holders: dict[str, Any] = dict.fromkeys(CUSTOMERS)  # worker index, None (free) or a label
+    killed: Optional[dict[str, Any]] = None
+    errors: list[str] = []
+    next_progress = start_at + 1.0
+    try:
+        while time.monotonic() < stop_at + WAIT_S + 5.0:
+            try:
+                event = events.get(timeout=0.1)
+            except queue.Empty:
+                event = None
+            now = time.monotonic()
+            if event is not None:
+                kind, index = event[0], event[1]
+                if kind == "hold":
+                    _, _, customer, acquired, wait_ms, contended = event
+                    stats[index]["acquisitions"] += 1
+                    stats[index]["wait_ms"] += wait_ms
+                    stats[index]["contended"] += contended
+                    holders[customer] = index
+                    if killed is not None and killed["customer"] == customer and "takeover_s" not in killed:
+                        killed["takeover_s"] = acquired - killed["at"]
+                        killed["taken_by"] = index
+                        say(f"[{acquired - start_at:5.1f}s] worker {index} took over {customer} "
+                            f"{killed['takeover_s']:.2f} s after worker {killed['worker']} was killed")
+                elif kind == "done":
+                    stats[index]["renewals"] += event[3]
+                    if holders.get(event[2]) == index:
+                        holders[event[2]] = None
+                elif kind == "timeout":
+                    stats[index]["timeouts"] += 1
+                else:
+                    errors.append(f"worker {index}: {event[2]}")
+            if killed is None and now >= start_at + seconds / 2:
+                killed = _kill_a_holder(holders, runners, crashes, now, start_at, say)
+                if killed is not None:
+                    stats[killed["worker"]]["status"] = "killed"
+            if now >= next_progress and now < stop_at:
+                total = sum(s["acquisitions"] for s in stats)
+                held = " · ".join(f"{c}: {_label(h)}" for c, h in holders.items())
+                say(f"[{now - start_at:5.1f}s] {total} acquisitions · {held}")
+                next_progress += 1.0
+            if now >= stop_at and not any(_alive(r) for r in runners) and event is None:
+                break
+    finally:
+        for runner in runners:
+            _stop(runner)
+    summary = {"store": spec[0], "workers": stats, "killed": killed, "errors": errors}
+    _print_table(summary, say)
+    return summary
+
+
+def _kill_a_holder(holders: dict, runners: list, crashes: list, now: float, start_at: float,
+                   say: Callable[[str], None]) -> Optional[dict[str, Any]]:
+    for customer, index in holders.items():
+        if not isinstance(index, int) or not _alive(runners[index]):
+            continue
+        if crashes[index] is not None:
+            crashes[index].set()
+        else:
+            os.kill(runners[index].pid, signal.SIGKILL)
+        holders[customer] = f"w{index} (killed)"
+        say(f"[{now - start_at:5.1f}s] killed worker {index} (SIGKILL) while it held {customer}")
+        return {"worker": index, "customer": customer, "at": now}
+    return None  # nobody holds a lease right now: try again at the next event
+
+
+def _label(holder: Any) -> str:
+    return "free" if holder is None else f"w{holder}" if isinstance(holder, int) else str(holder)
+
+
+def _alive(runner: Any) -> bool:
+    return bool(runner.is_alive())
+
+
+def _stop(runner: Any) -> None:
+    """Join a worker (bounded); a process still running is SIGKILLed by its PID."""
+    runner.join(WAIT_S + 10.0)
+    if isinstance(runner, threading.Thread):
+        return
+    if runner.is_alive():
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.join(10.0)
+
+
+def _print_table(summary: dict[str, Any], say: Callable[[str], None]) -> None:
+    say("")
+    say("worker  acquisitions  contended  wait ms  renewals  timeouts  status")
+    for index, row in enumerate(summary["workers"]):
+        say(f"{index:>6}  {row['acquisitions']:>12}  {row['contended']:>9}  {row['wait_ms']:>7.0f}  "
+            f"{row['renewals']:>8}  {row['timeouts']:>8}  {row['status']}")
+    killed = summary["killed"]
+    if killed is None:
+        say("no worker held a lease at halftime, so none was killed")
+    elif "takeover_s" in killed:
+        say(f"takeover: worker {killed['taken_by']} took {killed['customer']} over {killed['takeover_s']:.2f} s "
+            f"after worker {killed['worker']} was killed (lease {LEASE_S:g} s)")
+    else:
+        say(f"worker {killed['worker']} was killed holding {killed['customer']}; nobody asked for it again in time")
+    for error in summary["errors"]:
+        say(f"error: {error}")
