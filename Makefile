@@ -26,6 +26,7 @@ bench: $(INSTALLED)
 	$(PY) bench/dynamodb_cycle.py
 	$(PY) bench/renewal_under_load.py
 	$(PY) bench/handoff.py
+	$(PY) bench/sqlite_cycle.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info src/fastlease/_core.c src/fastlease/*.so

@@ -1,0 +1,123 @@
+"""The embedded SQLite store: uncontended cycles per second, and handoff between processes.
+
+Side by side in one run:
+  * uncontended acquire+release cycles on a SQLite file (WAL) with fastlease's compiled core (c) and its
+    pure-Python twin (py), and the same on the in-memory store as the engine-only reference, in
+    interleaved rounds (machine noise of ±25% then hits every contender alike);
+  * 4 processes on one key of one SQLite file, 5 ms critical section (``bench/handoff.py``'s workload and
+    report: handoff p50/p99, shares, reads). pydynox has no SQLite store, so it has no column here.
+
+Run: ``.venv/bin/python bench/sqlite_cycle.py [--cycles N] [--rounds R] [--seconds S]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import handoff
+
+import fastlease._core as compiled
+import fastlease._core_py as twin
+from fastlease import MemoryClient, SQLiteClient, SyncDistributedLock
+
+
+def cycles(client: Any, count: int) -> float:
+    start = time.perf_counter()
+    for _ in range(count):
+        with SyncDistributedLock(client, table="locks", key="bench"):
+            pass
+    return count / (time.perf_counter() - start)
+
+
+def sqlite_worker(path: str, seconds: float, start_at: float, out: Any) -> None:
+    client = SQLiteClient(path)
+    try:
+        out.send(handoff.run_worker("fastlease", client, seconds, start_at))
+    except BaseException as error:  # reported by the parent, not lost with the process
+        out.send({"holds": [], "reads": 0, "waited_ms": 0.0, "error": f"{type(error).__name__}: {error}"})
+    finally:
+        client.close()
+
+
+def processes_on_sqlite(path: str, seconds: float) -> list[dict[str, Any]]:
+    context = multiprocessing.get_context("spawn")
+    start_at = time.monotonic() + 2.0  # time for the children to import
+    pipes, processes = [], []
+    for _ in range(handoff.WORKERS):
+        receiver, sender = context.Pipe(duplex=False)
+        process = context.Process(target=sqlite_worker, args=(path, seconds, start_at, sender))
+        process.start()
+        pipes.append(receiver)
+        processes.append(process)
+    try:
+        silent = {"holds": [], "reads": 0, "waited_ms": 0.0, "error": "no report (the process died)"}
+        results = []
+        for pipe in pipes:
+            try:
+                results.append(pipe.recv() if pipe.poll(seconds + 60) else silent)
+            except EOFError:
+                results.append(silent)
+        return results
+    finally:
+        for process in processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=5_000, help="cycles per round (default 5000)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="handoff run (default 10)")
+    args = parser.parse_args()
+    directory = tempfile.mkdtemp(prefix="fastlease-bench-")
+    clients = {
+        "sqlite, c": SQLiteClient(os.path.join(directory, "c.db"), _core=compiled),
+        "sqlite, py": SQLiteClient(os.path.join(directory, "py.db"), _core=twin),
+        "memory, c": MemoryClient(_core=compiled),
+        "memory, py": MemoryClient(_core=twin),
+    }
+    print(f"# sqlite_cycle: {args.rounds} interleaved rounds x {args.cycles} cycles, Python "
+          f"{platform.python_version()}, {platform.machine()}, {time.strftime('%Y-%m-%d')}")
+    try:
+        rates: dict[str, list[float]] = {name: [] for name in clients}
+        for client in clients.values():
+            cycles(client, 200)  # warm-up: tables, connections, threads
+        for _ in range(args.rounds):
+            for name, client in clients.items():
+                rates[name].append(cycles(client, args.cycles))
+        print("uncontended acquire+release")
+        print(f"{'store, implementation':<24}{'median cycles/s':>16}{'best cycles/s':>15}{'us/cycle':>10}")
+        for name, values in rates.items():
+            median = statistics.median(values)
+            print(f"{name:<24}{median:>16,.0f}{max(values):>15,.0f}{1e6 / median:>10.2f}")
+        sqlite_c = statistics.median(rates["sqlite, c"])
+        print(f"sqlite c / py: {sqlite_c / statistics.median(rates['sqlite, py']):.2f}x   "
+              f"sqlite c / memory c: {sqlite_c / statistics.median(rates['memory, c']):.3f}x")
+    finally:
+        for client in clients.values():
+            client.close()
+    print()
+    print(f"# handoff: {handoff.WORKERS} processes, one key of one SQLite file, "
+          f"{handoff.WORK_S * 1000:g} ms critical section, {args.seconds:g} s")
+    print(f"{'setup':<32}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
+          f"{'reads/acq':>11}{'reads/s wait':>14}")
+    handoff.summarise("fastlease: processes, SQLite",
+                      processes_on_sqlite(os.path.join(directory, "handoff.db"), args.seconds))
+    for name in os.listdir(directory):
+        os.remove(os.path.join(directory, name))
+    os.rmdir(directory)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
