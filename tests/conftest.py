@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import select
 import signal
+from pathlib import Path
 from types import ModuleType
 from typing import Callable, Iterator
 
@@ -139,3 +140,25 @@ def children() -> Iterator[Children]:
         spawned.stop_all()
     alive = [child.proc.pid for child in spawned.started if child.proc.is_alive()]
     assert not alive, f"children still alive after SIGKILL and join: {alive}"
+
+
+@pytest.fixture
+def read_only_file(tmp_path: Path) -> Iterator[Path]:
+    """A lock file nobody may write: mode 0444, and for root (who ignores modes) the immutable flag."""
+    import os
+    import subprocess
+
+    from fastlease import SQLiteClient
+
+    path = tmp_path / "ro.db"
+    SQLiteClient(path).close()
+    for extra in tmp_path.glob("ro.db-*"):
+        extra.unlink()
+    path.chmod(0o444)
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(path)], check=True, timeout=10)
+    try:
+        yield path
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(path)], check=True, timeout=10)

@@ -138,3 +138,7 @@ def test_create_table_status_and_list_on_dynamodb(tmp_path, moto_endpoint, moto_
             assert listed.stdout.startswith(f"job: held by {lease.owner}, lease 30 s, protocol 1")
     finally:
         client.close()
+
+
+def test_a_read_only_lock_file_is_one_line_error(tmp_path, read_only_file):
+    one_line_error(fastlease("list", "--table", "locks", "--path", str(read_only_file), cwd=tmp_path), "ro.db")

@@ -14,6 +14,7 @@ def test_lost_acquire_response_is_reconciled_as_held(make_client, clock, faults,
     faults.add("put_if_absent", "lost_response")
     with SyncDistributedLock(client, table="locks", key="k", wait_timeout=0) as lease:
         assert store.rows("locks")["k"].owner == lease.owner
+        assert lease.fencing_token == store.rows("locks")["k"].fence == 1  # the token read back with the row
     metrics = lease.metrics
     assert (metrics.write_requests, metrics.read_requests, metrics.request_failures) == (2, 1, 1)
 

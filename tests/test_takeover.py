@@ -101,6 +101,9 @@ def test_a_changed_lease_ms_restarts_observation(make_client, clock, store):
         LockRow("o", "v", 10_000, True),
         LockRow("o", "v", 10_000, 1, 1),
         LockRow("o", "v", 10_000, 1, None),
+        LockRow("o", "v", 10_000, 1, False, 0),
+        LockRow("o", "v", 10_000, 1, False, "7"),
+        LockRow("o", "v", 10_000, 1, False, True),
     ],
 )
 def test_malformed_rows_fail_closed_and_are_never_taken_over(make_client, clock, store, row):
@@ -133,3 +136,21 @@ def test_observation_cache_is_bounded_lru(core):
 
 def test_client_observation_cache_holds_4096(make_client):
     assert make_client()._observations.capacity == 4096
+
+
+def test_fencing_tokens_increase_with_every_acquisition_and_takeover(make_client, clock, store):
+    first, second = make_client(clock=clock), make_client(clock=clock)
+    tokens = []
+    for client in (first, second, first):
+        with SyncDistributedLock(client, table="locks", key="k") as lease:
+            tokens.append(lease.fencing_token)
+    held = SyncDistributedLock(first, table="locks", key="k", lease_duration=1)
+    held.__enter__()
+    first.close()  # the holder stops renewing: its row is abandoned
+    with SyncDistributedLock(second, table="locks", key="k", lease_duration=1, wait_timeout=10) as lease:
+        tokens.append(lease.fencing_token)  # the takeover
+    assert tokens == [1, 2, 3, 5]  # 4 went to the abandoned holder
+    assert held.fencing_token == 4
+    with SyncDistributedLock(second, table="locks", key="other") as lease:
+        assert lease.fencing_token == 1  # per key
+

@@ -83,6 +83,7 @@ class Lease:
     lost_cause: Optional[str]
     owner: Optional[str]
     version: Optional[str]
+    fencing_token: Optional[int]
     def __init__(
         self, client: Any, table: str, key: str, lease_ms: int, wait_ms: int, max_hold_ms: int = ..., on_lost: Any = ...
     ) -> None: ...

@@ -248,9 +248,11 @@ cpdef str check_table(object table):
 
 cpdef check_row(object row, str key):
     """Strict protocol v1 parsing of a row read from a store: anything unexpected fails closed."""
-    owner, version, lease_ms, protocol, waiting = row
+    owner, version, lease_ms, protocol, waiting, fence = row
     if type(waiting) is not bool:
         raise MalformedLockRow(f"lock row for {key!r} has a non-boolean waiting hint {waiting!r}", key=key)
+    if fence is not None and (type(fence) is not int or fence < 1):
+        raise MalformedLockRow(f"lock row for {key!r} has fencing token {fence!r}, not a positive int", key=key)
     if protocol != PROTOCOL_V1 or type(protocol) is not int:
         raise MalformedLockRow(f"lock row for {key!r} has unsupported protocol {protocol!r}", key=key)
     if type(owner) is not str or not owner or type(version) is not str or not version:
@@ -538,6 +540,7 @@ cdef class Lease:
     cdef readonly object lost_cause
     # Written once by the caller's thread before renewal is scheduled; read-only afterwards.
     cdef readonly object owner
+    cdef readonly object fencing_token  # the store's token of this acquisition, or None; set with owner
     # Written under _mutex by whichever thread confirms a write.
     cdef readonly object version
     cdef int64_t _valid_until_mono_ns
@@ -849,7 +852,7 @@ cdef class Lease:
             return False
         check_row(row, self.key)
         self._row_seen = True
-        owner, version, stored_lease_ms, _, waiting = row
+        owner, version, stored_lease_ms, _, waiting, _ = row
         now_ns = self._mono()
         seen_ns = self._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
         remaining_ns = <int64_t>stored_lease_ms * NS_PER_MS - seen_ns
@@ -930,7 +933,8 @@ cdef class Lease:
         if applied:
             if seen_owner is not None:
                 _log.debug("took over %r in %r from owner %s", self.key, self.table, seen_owner)
-            return self._confirm(owner, version, mono_ns, wall_ns)
+            # A store that keeps fencing tokens returns the new one (an int) instead of True.
+            return self._confirm(owner, version, mono_ns, wall_ns, applied if type(applied) is int else None)
         self._conditional_failures += 1
         return False
 
@@ -948,10 +952,10 @@ cdef class Lease:
         owner, version, mono_ns, wall_ns = self._pending
         self._pending = None
         if row is not None and row[0] == owner and row[1] == version:
-            return True if self._confirm(owner, version, mono_ns, wall_ns) else None
+            return True if self._confirm(owner, version, mono_ns, wall_ns, row[5]) else None
         return row
 
-    cdef bint _confirm(self, str owner, str version, int64_t mono_ns, int64_t wall_ns) except -1:
+    cdef bint _confirm(self, str owner, str version, int64_t mono_ns, int64_t wall_ns, object fence) except -1:
         """A write of ours is confirmed: HELD with validity from the stamp taken before the write.
         A confirmation that arrives after that validity ended does not count: the row is deleted."""
         cdef int64_t now_mono = self._mono(), now_wall = self._wall()
@@ -964,6 +968,7 @@ cdef class Lease:
             if not stale:
                 self.owner = owner
                 self.version = version
+                self.fencing_token = fence
                 self.state = HELD_
                 if self.max_hold_ms:
                     self._hold_until_ns = mono_ns + self.max_hold_ms * NS_PER_MS

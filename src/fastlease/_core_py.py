@@ -164,9 +164,11 @@ def check_table(table: object) -> str:
 
 def check_row(row: Any, key: str) -> None:
     """Strict protocol v1 parsing of a row read from a store: anything unexpected fails closed."""
-    owner, version, lease_ms, protocol, waiting = row
+    owner, version, lease_ms, protocol, waiting, fence = row
     if type(waiting) is not bool:
         raise MalformedLockRow(f"lock row for {key!r} has a non-boolean waiting hint {waiting!r}", key=key)
+    if fence is not None and (type(fence) is not int or fence < 1):
+        raise MalformedLockRow(f"lock row for {key!r} has fencing token {fence!r}, not a positive int", key=key)
     if protocol != PROTOCOL_V1 or type(protocol) is not int:
         raise MalformedLockRow(f"lock row for {key!r} has unsupported protocol {protocol!r}", key=key)
     if type(owner) is not str or not owner or type(version) is not str or not version:
@@ -482,6 +484,9 @@ class Lease:
         self.owner: Optional[str] = None
         # Written under _mutex by whichever thread confirms a write (acquire: caller; renew: renewal).
         self.version: Optional[str] = None
+        # The store's fencing token of this acquisition (strictly increasing per key), where the store
+        # keeps one; None otherwise. Written with owner.
+        self.fencing_token: Optional[int] = None
         self._valid_until_mono_ns = 0
         self._wall_stamp_ns = 0
         self._valid_until_wall_ns = 0
@@ -764,7 +769,7 @@ class Lease:
             return False
         check_row(row, self.key)
         self._row_seen = True
-        owner, version, stored_lease_ms, _, waiting = row
+        owner, version, stored_lease_ms, _, waiting, _ = row
         now_ns = self._clock.monotonic_ns()
         seen_ns = self._client._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
         remaining_ns = stored_lease_ms * _NS_PER_MS - seen_ns
@@ -847,7 +852,8 @@ class Lease:
         if applied:
             if seen_owner is not None:
                 _log.debug("took over %r in %r from owner %s", self.key, self.table, seen_owner)
-            return self._confirm(owner, version, mono_ns, wall_ns)
+            # A store that keeps fencing tokens returns the new one (an int) instead of True.
+            return self._confirm(owner, version, mono_ns, wall_ns, applied if type(applied) is int else None)
         self._conditional_failures += 1
         return False
 
@@ -865,11 +871,11 @@ class Lease:
         owner, version, mono_ns, wall_ns = self._pending
         if row is not None and row[0] == owner and row[1] == version:
             self._pending = None
-            return True if self._confirm(owner, version, mono_ns, wall_ns) else None
+            return True if self._confirm(owner, version, mono_ns, wall_ns, row[5]) else None
         self._pending = None
         return row
 
-    def _confirm(self, owner: str, version: str, mono_ns: int, wall_ns: int) -> bool:
+    def _confirm(self, owner: str, version: str, mono_ns: int, wall_ns: int, fence: Optional[int]) -> bool:
         """A write of ours is confirmed: HELD with validity from the stamp taken before the write.
 
         A confirmation that arrives after that validity ended (a very slow response), or after the
@@ -886,6 +892,7 @@ class Lease:
                 stale = False
                 self.owner = owner
                 self.version = version
+                self.fencing_token = fence
                 self.state = HELD
                 if self.max_hold_ms:
                     self._hold_until_ns = mono_ns + self.max_hold_ms * _NS_PER_MS

@@ -176,6 +176,14 @@ class SyncDistributedLock:
         return owner
 
     @property
+    def fencing_token(self) -> Optional[int]:
+        """This acquisition's fencing token once held: an int that every acquisition and takeover of
+        the key increases, on stores that keep one (SQLite, memory); None on DynamoDB protocol v1.
+        Pass it to whatever the lease protects and have that refuse a token lower than one it has seen."""
+        token: Optional[int] = self._lease.fencing_token
+        return token
+
+    @property
     def lost_cause(self) -> Optional[str]:
         """Why the lease was lost (``stolen``, ``expired``, ``unreachable``, ``cancelled``), or None."""
         cause: Optional[str] = self._lease.lost_cause

@@ -68,6 +68,7 @@ def test_a_hold_writes_a_protocol_1_row_and_costs_two_writes(ddb):
     metrics = lease.metrics
     assert (metrics.write_requests, metrics.read_requests) == (2, 0)
     assert metrics.consumed_wcu == 2.0 and metrics.consumed_rcu == 0.0
+    assert lease.fencing_token is None  # protocol v1 keeps no fencing token
     assert raw_item(ddb, "import:daily") is None
 
 

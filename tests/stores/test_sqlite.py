@@ -55,8 +55,9 @@ def test_a_hold_costs_two_writes_and_the_fence_survives_release(make_sqlite, db)
         assert isinstance(version, str) and version
     assert (lease.metrics.write_requests, lease.metrics.read_requests) == (2, 0)
     assert raw_rows(db) == [("import:daily", None, None, 30_000, 1, 0, 1)]  # free, the counter kept
-    with SyncDistributedLock(client, table="locks", key="import:daily"):
-        assert raw_rows(db)[0][6] == 2  # every acquisition advances it
+    assert lease.fencing_token == 1
+    with SyncDistributedLock(client, table="locks", key="import:daily") as again:
+        assert raw_rows(db)[0][6] == again.fencing_token == 2  # every acquisition advances it
 
 
 def test_contention_and_takeover_of_an_abandoned_row_after_its_lease(make_sqlite, db):
@@ -214,13 +215,13 @@ def test_a_busy_file_is_a_retryable_not_applied_error(db):
     store = SQLiteStore(db)
     other = sqlite3.connect(db, isolation_level=None)
     try:
-        assert store.put_if_absent("locks", "k", "o", "v", 1000, 1.0, NO_USAGE) is True  # creates the table
+        assert store.put_if_absent("locks", "k", "o", "v", 1000, 1.0, NO_USAGE) == 1  # creates the table (token 1)
         other.execute("BEGIN IMMEDIATE")  # another process holds the file's write lock
         with pytest.raises(StoreError) as info:
             store.put_if_absent("locks", "k2", "o", "v", 1000, 0.05, NO_USAGE)
         assert info.value.maybe_committed is False and info.value.key == "k2"
         other.execute("ROLLBACK")
-        assert store.put_if_absent("locks", "k2", "o", "v", 1000, 1.0, NO_USAGE) is True
+        assert store.put_if_absent("locks", "k2", "o", "v", 1000, 1.0, NO_USAGE) == 1
     finally:
         other.close()
         store.close()
@@ -233,7 +234,7 @@ def test_a_lock_table_dropped_underneath_is_refused_not_reconciled(db, table):
 
     store = SQLiteStore(db)
     try:
-        assert store.put_if_absent(table, "k", "o", "v", 1000, 1.0, NO_USAGE) is True
+        assert store.put_if_absent(table, "k", "o", "v", 1000, 1.0, NO_USAGE) == 1
         with sqlite3.connect(db) as connection:
             connection.execute(f'DROP TABLE "fastlease_lock_{table}"')
         with pytest.raises(StoreRequestRejected, match="no such table"):
@@ -248,3 +249,9 @@ def test_an_sqlite_too_old_for_the_upsert_is_refused_at_once(db, monkeypatch):
     with pytest.raises(RuntimeError, match="needs SQLite 3.24.0 or later; this Python links SQLite 3.23.1"):
         SQLiteClient(db)
     assert not db.exists()
+
+
+def test_a_read_only_file_is_refused_naming_the_path(read_only_file):
+    with pytest.raises(ValueError, match="read-only|unusable") as info:
+        SQLiteClient(read_only_file)
+    assert str(read_only_file) in str(info.value)

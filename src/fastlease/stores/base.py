@@ -21,6 +21,9 @@ class LockRow(NamedTuple):
     ``waiting`` is fastlease's optional hint attribute: a contender that has waited a while marks the
     holder's row (see ``LockStore.mark_waiting``) so that the holder, on release, lets the others have
     the next turn. The lock protocol never depends on it, and pydynox ignores it.
+
+    ``fence`` is the row's fencing token on stores that keep one (a per-key counter that every
+    acquisition and takeover increments and release keeps), else None.
     """
 
     owner: str
@@ -28,6 +31,7 @@ class LockRow(NamedTuple):
     lease_ms: int
     protocol: int
     waiting: bool = False
+    fence: Optional[int] = None
 
 
 class UsageMeter(Protocol):
@@ -55,8 +59,9 @@ class LockStore(Protocol):
 
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
-    ) -> bool:
-        """Create the row (protocol 1) only if no row exists for the key. True if created."""
+    ) -> int:
+        """Create the row (protocol 1) only if no row exists for the key. False if not created; else
+        True, or the new fencing token (an int >= 1) on a store that keeps them (bool is an int)."""
         ...
 
     def replace_if(
@@ -70,8 +75,9 @@ class LockStore(Protocol):
         lease_ms: int,
         timeout_s: float,
         usage: UsageMeter,
-    ) -> bool:
-        """Overwrite the whole row only if it holds exactly (expected_owner, expected_version)."""
+    ) -> int:
+        """Overwrite the whole row only if it holds exactly (expected_owner, expected_version). Returns
+        as ``put_if_absent`` does."""
         ...
 
     def update_version_if(

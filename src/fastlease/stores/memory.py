@@ -24,6 +24,9 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._rows: dict[tuple[str, str], LockRow] = {}
+        # Fencing tokens per (table, key): incremented by every acquisition and takeover, kept across
+        # release, as the SQLite store keeps them.
+        self._fences: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         #: Optional fault hook: ``faults.run(operation, apply, args, timeout_s)``.
         self.faults: Optional[Any] = None
@@ -37,18 +40,23 @@ class MemoryStore:
     # Each public operation applies itself directly, or through the fault hook when one is installed.
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
-    ) -> bool:
+    ) -> int:
         if self.faults is None:
             return self._put_if_absent(table, key, owner, version, lease_ms)
         return self.faults.run("put_if_absent", self._put_if_absent, (table, key, owner, version, lease_ms), timeout_s)
 
-    def _put_if_absent(self, table: str, key: str, owner: str, version: str, lease_ms: int) -> bool:
+    def _put_if_absent(self, table: str, key: str, owner: str, version: str, lease_ms: int) -> int:
         slot = (table, key)
         with self._lock:
             if slot in self._rows:
                 return False
-            self._rows[slot] = LockRow(owner, version, lease_ms, PROTOCOL_V1)
-            return True
+            return self._write_locked(slot, owner, version, lease_ms)
+
+    def _write_locked(self, slot: tuple[str, str], owner: str, version: str, lease_ms: int) -> int:
+        """A fresh row with the next fencing token of its key (caller holds the lock)."""
+        fence = self._fences[slot] = self._fences.get(slot, 0) + 1
+        self._rows[slot] = LockRow(owner, version, lease_ms, PROTOCOL_V1, False, fence)
+        return fence
 
     def replace_if(
         self,
@@ -61,7 +69,7 @@ class MemoryStore:
         lease_ms: int,
         timeout_s: float,
         usage: UsageMeter,
-    ) -> bool:
+    ) -> int:
         args = (table, key, expected_owner, expected_version, owner, version, lease_ms)
         if self.faults is None:
             return self._replace_if(*args)
@@ -69,14 +77,13 @@ class MemoryStore:
 
     def _replace_if(
         self, table: str, key: str, expected_owner: str, expected_version: str, owner: str, version: str, lease_ms: int
-    ) -> bool:
+    ) -> int:
         slot = (table, key)
         with self._lock:
             row = self._rows.get(slot)
             if row is None or row.owner != expected_owner or row.version != expected_version:
                 return False
-            self._rows[slot] = LockRow(owner, version, lease_ms, PROTOCOL_V1)
-            return True
+            return self._write_locked(slot, owner, version, lease_ms)
 
     def update_version_if(
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter

@@ -5,12 +5,13 @@ first use: unlike DynamoDB, where lock operations never create tables, an embedd
 deployment step to do it. The file is in WAL mode, so readers never block the writer.
 
 Each protocol step is one parameterised statement in autocommit mode (a single statement is atomic in
-SQLite), except release, which reads the row's ``waiting`` hint and frees it inside one ``BEGIN
-IMMEDIATE`` transaction. No wall clock is stored or compared: stale rows are recovered by the engine's
-observation of an unchanged (owner, version, lease_ms), exactly as on DynamoDB.
+SQLite), or one ``BEGIN IMMEDIATE`` transaction: acquisition and takeover read back the fencing token
+they set, and release reads the row's ``waiting`` hint as it frees it. No wall clock is stored or
+compared: stale rows are recovered by the engine's observation of an unchanged (owner, version,
+lease_ms), exactly as on DynamoDB.
 
 A released row is kept with ``owner`` NULL so that its ``fence`` counter survives: every acquisition
-and takeover increments it in the same statement (a fencing token for later use; see the README).
+and takeover increments it in the same statement, and the lease reports it as ``fencing_token``.
 
 Table names follow the library's rule (3-255 of ``A-Z a-z 0-9 _ . -``); SQL cannot take identifiers
 as parameters, so the name is validated and then double-quoted, which that alphabet cannot break out
@@ -55,10 +56,13 @@ _REPLACE_IF = """UPDATE "{name}" SET owner = ?, version = ?, lease_ms = ?, proto
 _UPDATE_VERSION_IF = """UPDATE "{name}" SET version = ? WHERE key = ? AND owner = ? AND version = ?"""
 #: A contender's turn-taking hint, once per hold.
 _MARK_WAITING = """UPDATE "{name}" SET waiting = 1 WHERE key = ? AND owner = ? AND version = ? AND waiting = 0"""
-_READ = """SELECT owner, version, lease_ms, protocol, waiting FROM "{name}" WHERE key = ? AND owner IS NOT NULL"""
+_READ = """SELECT owner, version, lease_ms, protocol, waiting, fence FROM "{name}"
+WHERE key = ? AND owner IS NOT NULL"""
 _INSPECT = """SELECT key, owner, version, lease_ms, protocol, waiting, fence FROM "{name}"
 WHERE owner IS NOT NULL AND (? IS NULL OR key = ?) ORDER BY key"""
-_READ_OWNED = """SELECT owner, version, lease_ms, protocol, waiting FROM "{name}" WHERE key = ? AND owner = ?"""
+_READ_OWNED = """SELECT owner, version, lease_ms, protocol, waiting, fence FROM "{name}"
+WHERE key = ? AND owner = ?"""
+_FENCE = """SELECT fence FROM "{name}" WHERE key = ?"""
 _FREE = """UPDATE "{name}" SET owner = NULL, version = NULL, waiting = 0 WHERE key = ? AND owner = ?"""
 #: check_in: a write (so the caller's transaction holds SQLite's one write lock from here to its
 #: commit) that changes nothing and matches only while we own the row.
@@ -184,10 +188,23 @@ class SQLiteStore:
             lambda connection, name: connection.execute(statement.format(name=name), parameters).rowcount == 1,
         ))
 
+    def _acquired(self, table: str, key: str, timeout_s: float, statement: str, parameters: tuple) -> int:
+        """Run an acquisition write and read the fencing token it set, in one IMMEDIATE transaction:
+        False if not applied, else the token."""
+
+        def write(connection: sqlite3.Connection, name: str) -> int:
+            if connection.execute(statement.format(name=name), parameters).rowcount != 1:
+                return False
+            fence: int = connection.execute(_FENCE.format(name=name), (key,)).fetchone()[0]
+            return fence
+
+        result: int = self._run(table, key, timeout_s, lambda connection, name: _immediately(connection, name, write))
+        return result
+
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
-    ) -> bool:
-        return self._applied(table, key, timeout_s, _PUT_IF_ABSENT, (key, owner, version, lease_ms))
+    ) -> int:
+        return self._acquired(table, key, timeout_s, _PUT_IF_ABSENT, (key, owner, version, lease_ms))
 
     def replace_if(
         self,
@@ -200,9 +217,9 @@ class SQLiteStore:
         lease_ms: int,
         timeout_s: float,
         usage: UsageMeter,
-    ) -> bool:
+    ) -> int:
         parameters = (owner, version, lease_ms, key, expected_owner, expected_version)
-        return self._applied(table, key, timeout_s, _REPLACE_IF, parameters)
+        return self._acquired(table, key, timeout_s, _REPLACE_IF, parameters)
 
     def update_version_if(
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
@@ -218,20 +235,16 @@ class SQLiteStore:
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
     ) -> Optional[LockRow]:
         def free(connection: sqlite3.Connection, name: str) -> Optional[LockRow]:
-            # One IMMEDIATE transaction, so the hint returned is the one on the row we free.
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                found = connection.execute(_READ_OWNED.format(name=name), (key, owner)).fetchone()
-                if found is not None:
-                    connection.execute(_FREE.format(name=name), (key, owner))
-                connection.execute("COMMIT")
-            except BaseException:
-                if connection.in_transaction:
-                    connection.execute("ROLLBACK")
-                raise
-            return None if found is None else _row(found)
+            # In one transaction, so the hint returned is the one on the row we free.
+            found = connection.execute(_READ_OWNED.format(name=name), (key, owner)).fetchone()
+            if found is None:
+                return None
+            connection.execute(_FREE.format(name=name), (key, owner))
+            return _row(found)
 
-        result: Optional[LockRow] = self._run(table, key, timeout_s, free)
+        result: Optional[LockRow] = self._run(
+            table, key, timeout_s, lambda connection, name: _immediately(connection, name, free)
+        )
         return result
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
@@ -263,12 +276,26 @@ class SQLiteStore:
             self._local.connection = None
 
 
+def _immediately(connection: sqlite3.Connection, name: str, body: Any) -> Any:
+    """``body(connection, name)`` inside one ``BEGIN IMMEDIATE`` transaction (the file's write lock
+    from the start), committed, or rolled back if it raises."""
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        result = body(connection, name)
+        connection.execute("COMMIT")
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
+    return result
+
+
 def _row(found: tuple[Any, ...]) -> LockRow:
     """A stored row as the engine checks it: SQLite keeps any value in any column, so a row written by
     hand with wrong types reaches ``check_row`` as is and fails closed there."""
-    owner, version, lease_ms, protocol, waiting = found
+    owner, version, lease_ms, protocol, waiting, fence = found
     flag = {0: False, 1: True}.get(waiting, waiting) if type(waiting) is int else waiting
-    return LockRow(owner, version, lease_ms, protocol, flag)
+    return LockRow(owner, version, lease_ms, protocol, flag, fence)
 
 
 class SQLiteClient(LeaseClient):
