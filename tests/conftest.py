@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import select
 import signal
 from pathlib import Path
@@ -118,6 +119,38 @@ def moto_endpoint() -> Iterator[str]:
         yield server.start(timeout_s=60)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """One real redis-server (127.0.0.1, a free port, no persistence) for the whole session, stopped by
+    its PID. It skips only where the server cannot start, and never in CI (CI=true): there it fails."""
+    from fastlease.testing_redis import RedisServer, RedisServerUnavailable
+
+    server = RedisServer()
+    try:
+        url = server.start()
+    except RedisServerUnavailable as error:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true: the Redis tests must run, but {error}")
+        pytest.skip(str(error))
+    try:
+        yield url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_db(redis_url: str) -> Iterator[object]:
+    """A redis.Redis on the session's server, its database emptied before the test."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")

@@ -33,11 +33,16 @@ def boto3_session() -> Any:
 
 
 def fastlease_client(endpoint: str, fast_path: bool = True) -> Any:
-    """A client on the moto server at ``endpoint``, or on the SQLite file of ``sqlite:PATH``."""
+    """A client on the moto server at ``endpoint``, on the SQLite file of ``sqlite:PATH``, or on the Redis
+    server of a ``redis://`` URL."""
     if endpoint.startswith("sqlite:"):
         from fastlease import SQLiteClient
 
         return SQLiteClient(endpoint[len("sqlite:"):])
+    if endpoint.startswith("redis://"):
+        from fastlease.stores.redis import RedisClient
+
+        return RedisClient(endpoint)
     from fastlease.dynamodb import DynamoDBClient
 
     return DynamoDBClient(session=boto3_session(), endpoint_url=endpoint, fast_path=fast_path)

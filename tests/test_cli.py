@@ -86,7 +86,10 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
                    "table must be 3-255 characters")
     one_line_error(fastlease("list", "--table", "locks", "--store", "nope", cwd=tmp_path), "unknown store 'nope'")
     one_line_error(fastlease("demo", "--store", "nope", cwd=tmp_path), "unknown store 'nope'")
-    one_line_error(fastlease("demo", "--store", "redis", cwd=tmp_path), "redis store is not available yet")
+    one_line_error(fastlease("status", "k", "--table", "locks", "--store", "redis", "--url",
+                             "redis://:pw-secret@127.0.0.1:1/0", cwd=tmp_path), "127.0.0.1:1/0")
+    one_line_error(fastlease("list", "--table", "locks", "--store", "redis", "--url", "http://x", cwd=tmp_path),
+                   "bad Redis URL")
     one_line_error(fastlease("demo", "--path", str(tmp_path / "no-dir" / "x.db"), cwd=tmp_path), "does not exist")
     one_line_error(fastlease("demo", "--workers", "1", cwd=tmp_path), "--workers must be an integer from 2 to 64")
     usage = fastlease("status", cwd=tmp_path)  # a bad command line: argparse's usage message, exit 2
@@ -106,6 +109,42 @@ def test_demo_on_sqlite_shows_a_takeover_of_the_killed_holder(tmp_path):
     # renewal, which can precede the kill by up to a renewal interval (1/3 s).
     assert 0.6 <= killed["takeover_s"] < 5.0, killed
     assert list(tmp_path.iterdir()) == []  # the temporary lock file is gone
+
+
+def test_demo_on_redis_shows_the_killed_holders_key_recovered(tmp_path, redis_url, redis_db):
+    result = fastlease("demo", "--store", "redis", "--url", redis_url, "--workers", "3", "--seconds", "4", "--json",
+                       cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["store"] == "redis" and summary["errors"] == []
+    assert all(row["acquisitions"] > 0 for row in summary["workers"])
+    killed = summary["killed"]
+    assert summary["workers"][killed["worker"]]["status"] == "killed" and killed["taken_by"] != killed["worker"]
+    # The dead holder's key expires at most one lease (1 s) after its last renewal, itself at most a
+    # renewal interval (1/3 s) before the kill; the next poll then finds it gone.
+    assert 0.6 <= killed["takeover_s"] < 3.0, killed
+    assert redis_db.keys(b"fastlease:demo_locks:lease:*") == []
+
+
+def test_status_list_and_release_on_redis(tmp_path, redis_url, redis_db):
+    from fastlease.stores.redis import RedisClient
+
+    client = RedisClient(redis_url)
+    guard = SyncDistributedLock(client, table="locks", key="import:daily")
+    lease = guard.__enter__()
+    try:
+        url = ["--store", "redis", "--url", redis_url]
+        status = fastlease("status", "import:daily", "--table", "locks", *url, cwd=tmp_path)
+        assert status.stdout.startswith(f"import:daily: held by {lease.owner}, lease 30 s, protocol 1, fencing token 1")
+        listed = json.loads(fastlease("list", "--table", "locks", "--json", *url, cwd=tmp_path).stdout)
+        assert [(row["key"], row["owner"]) for row in listed] == [("import:daily", lease.owner)]
+        forced = fastlease("release", "import:daily", "--table", "locks", "--force", *url, cwd=tmp_path)
+        assert forced.returncode == 0 and "removed import:daily" in forced.stdout
+        assert client.inspect("locks") == []
+        with pytest.raises(LockLost):
+            guard.__exit__(None, None, None)
+    finally:
+        client.close()
 
 
 def test_text_demo_prints_progress_and_the_table(tmp_path):

@@ -560,6 +560,8 @@ cdef class Lease:
     # Set by cancel() from any thread (an async task was cancelled); read by the caller's thread.
     cdef bint _cancelled
     cdef object _ticket  # our place in the client's wait queue (an Event); caller only
+    cdef object _feed  # the store's feed of releases made anywhere (Redis pub/sub), or None
+    cdef object _watch  # our watch on the feed while waiting; caller only
     # Caller-thread counters.
     cdef int64_t _writes, _reads, _conditional_failures, _request_failures
     cdef int64_t _wait_timeouts, _cleanup_failures, _wait_ns
@@ -596,6 +598,7 @@ cdef class Lease:
         self._observations = client._observations
         self._scheduler = client._scheduler
         self._signals = client._release_signals
+        self._feed = client._release_feed
         self.state = NEW_
 
     # ---- small helpers ---------------------------------------------------------------------------
@@ -759,7 +762,7 @@ cdef class Lease:
                 # Others are waiting for this key: let one go first. The wait outlasts the longest
                 # poll interval, so every waiter polls at least once meanwhile.
                 delay_ns = <int64_t>(POLL_INTERVAL_MS * NS_PER_MS * (1.5 + 0.25 * _random()))
-                self._wait_turn(min(delay_ns, self.wait_ms * NS_PER_MS))
+                self._wait_turn(min(delay_ns, self.wait_ms * NS_PER_MS), False)
             while True:
                 if self._ticket is not None:
                     self._ticket.clear()  # a wake-up from now on is for the next attempt
@@ -780,7 +783,7 @@ cdef class Lease:
                 if self.wait_ms == 0 or remaining_ns <= 0 or self._cancelled:
                     break
                 # A wait that would cross the deadline is cut to it, then one last attempt is made.
-                self._wait_turn(min(delay_ns, remaining_ns))
+                self._wait_turn(min(delay_ns, remaining_ns), True)
                 if self._cancelled:
                     break
         except BaseException:
@@ -789,6 +792,9 @@ cdef class Lease:
         finally:
             if self._ticket is not None:
                 self._signals.leave(self._cache_key, self._ticket, acquired)
+            if self._watch is not None:
+                self._feed.unwatch(self._watch)
+                self._watch = None
         self._fail_acquisition(start_ns)
         if self._cancelled:
             raise LockNotAcquired(f"acquisition of {self.key!r} in table {self.table!r} was cancelled", key=self.key)
@@ -806,11 +812,24 @@ cdef class Lease:
         if ticket is not None:
             ticket.set()
 
-    cdef _wait_turn(self, int64_t delay_ns):
-        """Sleep up to delay_ns in this client's queue for the key (woken early on our turn)."""
+    cdef _wait_turn(self, int64_t delay_ns, bint after_attempt):
+        """Sleep up to delay_ns in this client's queue for the key (woken early on our turn, or when
+        the store's feed reports a release anywhere)."""
         if self._ticket is None:
             self._ticket = threading.Event()
+        if self._watch is None and self._feed is not None:
+            watch = self._watch = self._feed.watch(self.table, self.key, self._wake_on_release)
+            if not watch.was_ready:
+                # A new subscription: a release between our last read and the server's confirmation
+                # would not reach us. Wait for the confirmation (briefly), then look again at once.
+                self._clock.wait(watch.ready, delay_ns / 1e9)
+                if after_attempt:
+                    return
         self._signals.wait(self._clock, self._cache_key, self._ticket, delay_ns / 1e9)
+
+    def _wake_on_release(self):
+        """The feed saw the key released somewhere: wake this client's oldest waiter on it."""
+        self._signals.notify(self._cache_key)
 
     cdef _fail_acquisition(self, int64_t start_ns):
         """The acquisition is abandoned (budget spent, error, interrupt): leave nothing behind."""

@@ -506,6 +506,9 @@ class Lease:
         # Set by cancel() from any thread (an async task was cancelled); read by the caller's thread.
         self._cancelled = False
         self._ticket: Optional[threading.Event] = None  # our place in the client's wait queue; caller
+        # The store's feed of releases made anywhere (Redis pub/sub), or None; our watch while waiting.
+        self._feed = client._release_feed
+        self._watch: Any = None
         # Caller-thread counters.
         self._writes = 0
         self._reads = 0
@@ -678,7 +681,7 @@ class Lease:
                 # Others are waiting for this key: let one go first. The wait outlasts the longest
                 # poll interval, so every waiter polls at least once meanwhile.
                 courtesy_ns = int(POLL_INTERVAL_MS * _NS_PER_MS * (1.5 + 0.25 * random.random()))
-                self._wait_turn(signals, min(courtesy_ns, self.wait_ms * _NS_PER_MS))
+                self._wait_turn(signals, min(courtesy_ns, self.wait_ms * _NS_PER_MS), False)
             while True:
                 if self._ticket is not None:
                     self._ticket.clear()  # a wake-up from now on is for the next attempt
@@ -699,7 +702,7 @@ class Lease:
                 if self.wait_ms == 0 or remaining_ns <= 0 or self._cancelled:
                     break
                 # A wait that would cross the deadline is cut to it, then one last attempt is made.
-                self._wait_turn(signals, min(delay_ns, remaining_ns))
+                self._wait_turn(signals, min(delay_ns, remaining_ns), True)
                 if self._cancelled:
                     break
         except BaseException:
@@ -708,6 +711,9 @@ class Lease:
         finally:
             if self._ticket is not None:
                 signals.leave(self._cache_key, self._ticket, acquired)
+            if self._watch is not None:
+                self._feed.unwatch(self._watch)
+                self._watch = None
         self._fail_acquisition(start_ns)
         if self._cancelled:
             raise LockNotAcquired(f"acquisition of {self.key!r} in table {self.table!r} was cancelled", key=self.key)
@@ -726,11 +732,24 @@ class Lease:
         if ticket is not None:
             ticket.set()
 
-    def _wait_turn(self, signals: ReleaseSignals, delay_ns: int) -> None:
-        """Sleep up to delay_ns in this client's queue for the key (woken early on our turn)."""
+    def _wait_turn(self, signals: ReleaseSignals, delay_ns: int, after_attempt: bool) -> None:
+        """Sleep up to delay_ns in this client's queue for the key (woken early on our turn, or when
+        the store's feed reports a release anywhere)."""
         if self._ticket is None:
             self._ticket = threading.Event()
+        if self._watch is None and self._feed is not None:
+            watch = self._watch = self._feed.watch(self.table, self.key, self._wake_on_release)
+            if not watch.was_ready:
+                # A new subscription: a release between our last read and the server's confirmation
+                # would not reach us. Wait for the confirmation (briefly), then look again at once.
+                self._clock.wait(watch.ready, delay_ns / 1e9)
+                if after_attempt:
+                    return
         signals.wait(self._clock, self._cache_key, self._ticket, delay_ns / 1e9)
+
+    def _wake_on_release(self) -> None:
+        """The feed saw the key released somewhere: wake this client's oldest waiter on it."""
+        self._client._release_signals.notify(self._cache_key)
 
     def _fail_acquisition(self, start_ns: int) -> None:
         """The acquisition is abandoned (budget spent, error, interrupt): leave nothing behind."""

@@ -6,8 +6,9 @@
     fastlease release KEY --table T --force [store options]
     fastlease demo [--store sqlite|dynamodb|redis|memory] [--workers N] [--seconds S]
 
-Store options: ``--store sqlite`` (the default; ``--path``, default ``./fastlease.db``) or ``--store
-dynamodb`` (``--endpoint-url``, ``--region``; credentials from the usual AWS chain). Every command
+Store options: ``--store sqlite`` (the default; ``--path``, default ``./fastlease.db``), ``--store
+dynamodb`` (``--endpoint-url``, ``--region``; credentials from the usual AWS chain) or ``--store redis``
+(``--url``, default ``$FASTLEASE_REDIS_URL`` or ``redis://127.0.0.1:6379/0``). Every command
 takes ``--json``. User errors print one line and exit 1 (2 for a bad command line), never a traceback;
 nothing is deleted without ``--force``.
 """
@@ -26,6 +27,8 @@ from .exceptions import FastleaseError
 from .stores.base import NO_USAGE
 
 DEFAULT_SQLITE_PATH = "fastlease.db"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL_VARIABLE = "FASTLEASE_REDIS_URL"
 
 
 class UserError(Exception):
@@ -41,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--path", help=f"SQLite file (default ./{DEFAULT_SQLITE_PATH}; demo: a temporary one)")
         command.add_argument("--endpoint-url", help="DynamoDB endpoint (default: the AWS configuration)")
         command.add_argument("--region", help="DynamoDB Region (default: the AWS configuration)")
+        command.add_argument("--url", help=f"Redis URL (default ${REDIS_URL_VARIABLE} or {DEFAULT_REDIS_URL}; "
+                                           "demo: a local redis-server it starts)")
         command.add_argument("--json", action="store_true", help="print JSON")
 
     create = commands.add_parser("create-table", help="create a DynamoDB lock table")
@@ -52,17 +57,17 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="who holds a key, and since when this host has seen it unchanged")
     status.add_argument("key")
     status.add_argument("--table", required=True)
-    store_options(status, ("sqlite", "dynamodb"))
+    store_options(status, ("sqlite", "dynamodb", "redis"))
 
     listing = commands.add_parser("list", help="the held keys of a table")
     listing.add_argument("--table", required=True)
-    store_options(listing, ("sqlite", "dynamodb"))
+    store_options(listing, ("sqlite", "dynamodb", "redis"))
 
     release = commands.add_parser("release", help="remove a lock row (only with --force)")
     release.add_argument("key")
     release.add_argument("--table", required=True)
     release.add_argument("--force", action="store_true", help="really remove the row printed")
-    store_options(release, ("sqlite", "dynamodb"))
+    store_options(release, ("sqlite", "dynamodb", "redis"))
 
     demo = commands.add_parser("demo", help="worker processes contend on customer keys; one holder is killed")
     demo.add_argument("--workers", type=int, default=4)
@@ -81,9 +86,17 @@ def _client(args: argparse.Namespace) -> Any:
         return SQLiteClient(path, shared_observations=True)
     if args.store == "dynamodb":
         return _dynamodb(args)
-    if args.store in ("redis", "memory"):
-        raise UserError(f"--store {args.store} cannot be inspected from the command line; use sqlite or dynamodb")
-    raise UserError(f"unknown store {args.store!r}; expected sqlite or dynamodb")
+    if args.store == "redis":
+        try:
+            from .stores.redis import RedisClient
+
+            return RedisClient(args.url or os.environ.get(REDIS_URL_VARIABLE) or DEFAULT_REDIS_URL,
+                               shared_observations=True)
+        except ImportError:
+            raise UserError("Redis needs redis-py: pip install 'fastlease[redis]'") from None
+    if args.store == "memory":
+        raise UserError("--store memory lives inside one process and cannot be inspected from the command line")
+    raise UserError(f"unknown store {args.store!r}; expected sqlite, dynamodb or redis")
 
 
 def _dynamodb(args: argparse.Namespace) -> Any:
@@ -178,7 +191,7 @@ def _demo(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
     say = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
     try:
         summary = demo.run(args.store, args.workers, args.seconds, path=args.path, endpoint_url=args.endpoint_url,
-                           region=args.region or "us-east-1", say=say)
+                           region=args.region or "us-east-1", redis_url=args.url, say=say)
     except demo.DemoError as error:
         raise UserError(str(error)) from None
     if args.json:

@@ -49,6 +49,8 @@ class LeaseClient:
             )
         self._scheduler = core.RenewalScheduler(self._clock)
         self._release_signals = core.ReleaseSignals()
+        # Stores that can report releases made by other processes (Redis pub/sub) set this.
+        self._release_feed: Optional[Any] = None
         self._executor: Optional[Any] = None  # the async API's worker threads, made on first use
         self._executor_lock = threading.Lock()
 

@@ -35,7 +35,8 @@ class DemoError(Exception):
 
 
 def make_client(spec: tuple) -> Any:
-    """A client for a store spec: ("sqlite", path), ("dynamodb", endpoint, region) or ("memory", store)."""
+    """A client for a store spec: ("sqlite", path), ("dynamodb", endpoint, region), ("redis", url) or
+    ("memory", store)."""
     kind = spec[0]
     if kind == "sqlite":
         from .stores.sqlite import SQLiteClient
@@ -45,6 +46,10 @@ def make_client(spec: tuple) -> Any:
         from .stores.dynamodb import DynamoDBClient
 
         return DynamoDBClient(endpoint_url=spec[1], region_name=spec[2])
+    if kind == "redis":
+        from .stores.redis import RedisClient
+
+        return RedisClient(spec[1])
     from .stores.memory import MemoryClient
 
     return MemoryClient(store=spec[1])
@@ -95,7 +100,7 @@ def worker(index: int, spec: tuple, stop_at: float, events: Any, crash: Optional
 
 
 def _store_spec(store: str, path: Optional[str], endpoint_url: Optional[str], region: str,
-                cleanup: list[Callable[[], None]], say: Callable[[str], None]) -> tuple:
+                redis_url: Optional[str], cleanup: list[Callable[[], None]], say: Callable[[str], None]) -> tuple:
     if store == "sqlite":
         if path is None:
             directory = tempfile.mkdtemp(prefix="fastlease-demo-")
@@ -133,7 +138,23 @@ def _store_spec(store: str, path: Optional[str], endpoint_url: Optional[str], re
             client.close()
         return ("dynamodb", endpoint_url, region)
     if store == "redis":
-        raise DemoError("the redis store is not available yet; use --store sqlite (the default)")
+        try:
+            import redis  # noqa: F401
+        except ImportError:
+            raise DemoError("--store redis needs redis-py: pip install 'fastlease[redis]'") from None
+        if redis_url is None:
+            from .testing_redis import RedisServer, RedisServerUnavailable
+
+            server = RedisServer()
+            try:
+                redis_url = server.start()
+            except RedisServerUnavailable as error:
+                raise DemoError(f"--store redis without --url starts a local redis-server, but {error}") from None
+            cleanup.append(server.stop)
+            say(f"store: Redis on a local redis-server, {redis_url} (pid {server.pid})")
+        else:
+            say(f"store: Redis at {redis_url}")
+        return ("redis", redis_url)
     if store == "memory":
         from .stores.memory import MemoryStore
 
@@ -149,7 +170,7 @@ def _remove_tree(directory: str) -> None:
 
 
 def run(store: str = "sqlite", workers: int = 4, seconds: float = 10.0, *, path: Optional[str] = None,
-        endpoint_url: Optional[str] = None, region: str = "us-east-1",
+        endpoint_url: Optional[str] = None, region: str = "us-east-1", redis_url: Optional[str] = None,
         say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the demo; returns the summary (also printed through ``say`` as it goes)."""
     if type(workers) is not int or not 2 <= workers <= 64:
@@ -158,7 +179,7 @@ def run(store: str = "sqlite", workers: int = 4, seconds: float = 10.0, *, path:
         raise DemoError(f"--seconds must be from 2 to 600, got {seconds!r}")
     cleanup: list[Callable[[], None]] = []
     try:
-        spec = _store_spec(store, path, endpoint_url, region, cleanup, say)
+        spec = _store_spec(store, path, endpoint_url, region, redis_url, cleanup, say)
         return _contend(spec, workers, seconds, say)
     finally:
         for step in reversed(cleanup):

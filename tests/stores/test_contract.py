@@ -76,6 +76,19 @@ def sqlite_store(request: pytest.FixtureRequest) -> Iterator[Any]:
         store.close()
 
 
+@contextlib.contextmanager
+def redis_store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A real redis-server, started by the test session."""
+    from fastlease.stores.redis import RedisClient
+
+    request.getfixturevalue("redis_db")  # empties the database
+    client = RedisClient(request.getfixturevalue("redis_url"))
+    try:
+        yield client.store
+    finally:
+        client.close()
+
+
 #: Every store joins the suite here: a factory that yields a store with fresh tables "locks" and "other".
 STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "memory": lambda request: memory_store(),
@@ -83,6 +96,7 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "dynamodb-server": dynamodb_server_store,
     "dynamodb-server-boto3": lambda request: dynamodb_server_store(request, fast_path=False),
     "sqlite": sqlite_store,
+    "redis": redis_store,
 }
 #: In-process moto (mock_aws) does not make a conditional write atomic against concurrent threads
 #: (moto's limitation, not the adapter's), so the race test runs where the store itself is atomic.

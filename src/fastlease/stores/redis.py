@@ -1,0 +1,657 @@
+"""Redis store: the same leases on a Redis server, through redis-py (``pip install fastlease[redis]``).
+
+**Layout.** For lock table ``T`` and key ``K`` (the table name cannot contain ``:``, so namespaces never
+collide whatever ``K`` holds):
+
+* ``fastlease:T:lease:K``, a hash: ``owner``, ``version``, ``lease_ms``, ``protocol`` (1), ``fence``,
+  and ``waiting`` ("1") once a contender has marked it. Its PX is the holder's ``lease_ms``, reset by
+  every write of the holder (acquire, takeover, renew), so a crashed holder's lease disappears by
+  expiry, before any contender's observation wait ends. Safe, because ownership ends at 90% of the
+  lease counted from before the write: the key always outlives the holder's own validity, as long as
+  the server's clock does not run more than 10% fast over a lease (see the failure model).
+* ``fastlease:T:fence:K``, a counter that never expires: every acquisition and takeover INCRs it in
+  the same script and stores the result in the hash, so fencing tokens strictly increase per key,
+  across release, takeover and expiry. (It survives a server restart only with persistence on.)
+* ``fastlease:T:released:K``, the pub/sub channel that release publishes on (see ``RedisReleaseFeed``).
+
+**Requests.** Each protocol step is one Lua script (``EVALSHA``; on ``NOSCRIPT`` the script is loaded
+and sent again, which is safe because NOSCRIPT means it did not run) or one ``HGETALL``. Every key
+and value travels in KEYS and ARGV, never inside the script text, so a key made of quotes, braces or
+Lua is only bytes. Requests go out on a connection of the calling thread, made with the settings of
+the client's connection pool (address, database, credentials, TLS), with no automatic retry: a
+request that may have run is reported as such (``StoreError.maybe_committed``) and the engine
+reconciles it by a read, exactly as on DynamoDB.
+
+Redis Cluster is not supported (a script touches the lease and the fence key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+from ..client import LeaseClient
+from ..exceptions import MalformedLockRow, StoreError, StoreRequestRejected
+from .base import NO_USAGE, LockRow, UsageMeter
+
+__all__ = ["RedisClient", "RedisStore", "RedisReleaseFeed", "PREFIX"]
+
+PREFIX = "fastlease"
+_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+# ---------------------------------------------------------------------------------------------
+# The scripts. Each one is the whole of one protocol step, atomic on the server. They check
+# everything before their first write (a script that fails halfway is not rolled back), and
+# compare owner and version as exact byte strings.
+# ---------------------------------------------------------------------------------------------
+
+#: Acquire. KEYS: lease, fence. ARGV: owner, version, lease_ms.
+#: Creates the lease only if the key is absent (held or merely not yet expired: untouched) and
+#: returns the new fencing token, or 0.
+ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'version', ARGV[2], 'lease_ms', ARGV[3],
+           'protocol', '1', 'fence', fence)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return fence
+"""
+
+#: Takeover. KEYS: lease, fence. ARGV: expected owner, expected version, owner, version, lease_ms.
+#: Replaces the whole lease (no waiting mark, a fresh PX) only if it holds exactly the expected
+#: owner and version; returns the new fencing token, or 0.
+TAKE_OVER = """
+local seen = redis.call('HMGET', KEYS[1], 'owner', 'version')
+if seen[1] ~= ARGV[1] or seen[2] ~= ARGV[2] then return 0 end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'owner', ARGV[3], 'version', ARGV[4], 'lease_ms', ARGV[5],
+           'protocol', '1', 'fence', fence)
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return fence
+"""
+
+#: Renew. KEYS: lease. ARGV: owner, version, new version.
+#: Sets the new version and resets PX to the stored lease_ms, only if the lease holds exactly
+#: (owner, version) and its lease_ms is a plain positive integer; returns 1, or 0.
+RENEW = """
+local seen = redis.call('HMGET', KEYS[1], 'owner', 'version', 'lease_ms')
+if seen[1] ~= ARGV[1] or seen[2] ~= ARGV[2] then return 0 end
+if not seen[3] or not string.match(seen[3], '^[1-9][0-9]?[0-9]?[0-9]?[0-9]?[0-9]?[0-9]?[0-9]?$') then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'version', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], seen[3])
+return 1
+"""
+
+#: Mark waiting. KEYS: lease. ARGV: owner, version.
+#: Sets the turn-taking hint once per hold, only on exactly (owner, version). The PX is left alone:
+#: a contender's write must never keep a crashed holder's lease alive.
+MARK_WAITING = """
+local seen = redis.call('HMGET', KEYS[1], 'owner', 'version', 'waiting')
+if seen[1] ~= ARGV[1] or seen[2] ~= ARGV[2] or seen[3] then return 0 end
+redis.call('HSET', KEYS[1], 'waiting', '1')
+return 1
+"""
+
+#: Release. KEYS: lease. ARGV: owner, channel.
+#: Deletes the lease only if ``owner`` holds it (whatever its version) and then publishes a wake-up
+#: on the channel; returns the deleted hash (HGETALL's reply), or nil.
+RELEASE = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return false end
+local row = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], '1')
+return row
+"""
+
+SCRIPTS = {"ACQUIRE": ACQUIRE, "TAKE_OVER": TAKE_OVER, "RENEW": RENEW, "MARK_WAITING": MARK_WAITING,
+           "RELEASE": RELEASE}
+
+
+class _Script:
+    """A script and its SHA1, the name EVALSHA runs it by."""
+
+    __slots__ = ("name", "source", "sha")
+
+    def __init__(self, name: str, source: str) -> None:
+        self.name = name
+        self.source = source.encode()
+        self.sha = hashlib.sha1(self.source).hexdigest().encode()
+
+
+_ACQUIRE, _TAKE_OVER, _RENEW, _MARK_WAITING, _RELEASE = (_Script(n, s) for n, s in SCRIPTS.items())
+
+#: Bound for socket reads and connects when the client's settings leave them unbounded; a request's
+#: own timeout (``timeout_s``) is applied to waiting for its reply.
+MAX_SOCKET_TIMEOUT_S = 5.0
+
+#: Error replies by their first word. Transient: the command did not run, and waiting may fix it.
+#: Everything else that is not listed (NOPERM, NOAUTH, ERR ...) is refused for good.
+_TRANSIENT_REPLIES = frozenset({"BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "OOM", "CLUSTERDOWN"})
+
+
+def check_prefix_table(table: str) -> str:
+    if type(table) is not str or not 3 <= len(table) <= 255 or not set(table) <= _ALPHABET:
+        raise ValueError(f"table must be 3-255 characters of A-Z a-z 0-9 _ . -, got {table!r:.80}")
+    return table
+
+
+def lease_key(table: str, key: str) -> bytes:
+    """The Redis key of the lease on ``key`` in lock table ``table``."""
+    return f"{PREFIX}:{table}:lease:".encode() + key.encode("utf-8")
+
+
+def fence_key(table: str, key: str) -> bytes:
+    return f"{PREFIX}:{table}:fence:".encode() + key.encode("utf-8")
+
+
+def release_channel(table: str, key: str) -> bytes:
+    return f"{PREFIX}:{table}:released:".encode() + key.encode("utf-8")
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _fields(reply: Any) -> dict[str, Any]:
+    """HGETALL's reply (a flat list in RESP2, a map in RESP3) as a dict of str -> bytes or str."""
+    if isinstance(reply, dict):
+        return {_text(name): value for name, value in reply.items()}
+    return {_text(reply[i]): reply[i + 1] for i in range(0, len(reply) - 1, 2)}
+
+
+def _integer(value: Any) -> Any:
+    """A stored decimal integer as an int; anything else is returned as it is, so that the engine's
+    row check names it and fails closed."""
+    text = _text(value)
+    if isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 20:
+        return int(text)
+    return text
+
+
+def _row(reply: Any, key: str) -> Optional[LockRow]:
+    fields = _fields(reply)
+    if not fields:
+        return None
+    try:
+        owner, version = _text(fields.get("owner")), _text(fields.get("version"))
+    except UnicodeDecodeError as error:
+        raise MalformedLockRow(f"lock row for {key!r} has an owner or version that is not UTF-8", key=key) from error
+    waiting = fields.get("waiting")
+    flag: Any = False if waiting is None else (True if _text(waiting) == "1" else _text(waiting))
+    fence = fields.get("fence")
+    return LockRow(
+        owner, version, _integer(fields.get("lease_ms")), _integer(fields.get("protocol")), flag,
+        None if fence is None else _integer(fence),
+    )
+
+
+def _load_redis() -> Any:
+    try:
+        import redis
+        import redis.backoff
+        import redis.retry
+    except ImportError as error:
+        raise ImportError("the Redis store needs redis-py: pip install 'fastlease[redis]'") from error
+    return redis
+
+
+class RedisStore:
+    """The LockStore adapter for one Redis server: one script or one HGETALL per protocol step."""
+
+    blocking = True
+
+    def __init__(self, connection_pool: Any) -> None:
+        self._redis = _load_redis()
+        self.pool = connection_pool
+        self._local = threading.local()  # this thread's connection
+        self._connections: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every one made, for close()
+        self._connections_lock = threading.Lock()
+        self._closed = False
+        self.release_feed = RedisReleaseFeed(self)
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.describe()})"
+
+    def describe(self) -> str:
+        """Where the server is, for messages and the CLI (never credentials)."""
+        kwargs = self.pool.connection_kwargs
+        if "path" in kwargs:
+            return f"unix://{kwargs['path']}/{kwargs.get('db', 0)}"
+        return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+    # ---- transport ---------------------------------------------------------------------------------
+    def new_connection(self, resp2: bool = False) -> Any:
+        """A connection with the pool's settings, owned by the caller (not checked out of the pool).
+
+        Two settings are ours: no retry (redis-py would resend a command that may have run, turning
+        "maybe applied" into a wrong answer; the engine reconciles instead), and socket timeouts that
+        are never unbounded, so that no request can hang.
+        """
+        redis = self._redis
+        kwargs = dict(self.pool.connection_kwargs)
+        kwargs["retry"] = redis.retry.Retry(redis.backoff.NoBackoff(), 0)
+        kwargs.pop("retry_on_error", None)
+        kwargs.pop("retry_on_timeout", None)
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            if kwargs.get(name) is None:
+                kwargs[name] = MAX_SOCKET_TIMEOUT_S
+        if resp2:
+            # Pub/sub messages as plain replies (arrays), whatever protocol the client speaks (RESP3
+            # sends them as pushes, which redis-py may route elsewhere). redis-py's maintenance
+            # notifications need RESP3; a listener does without them.
+            kwargs["protocol"] = 2
+            for name in [name for name in kwargs if name.startswith("maint_notifications")]:
+                del kwargs[name]
+        connection = self.pool.connection_class(**kwargs)
+        with self._connections_lock:
+            self._connections.add(connection)
+        return connection
+
+    def _connection(self) -> Any:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            if self._closed:
+                raise StoreError("the Redis client is closed")
+            connection = self._local.connection = self.new_connection()
+        return connection
+
+    def call(self, key: str, timeout_s: float, *command: Any) -> Any:
+        """Send one command and read its reply within ``timeout_s``. Errors become StoreError (with
+        ``maybe_committed`` when the command may have run), StoreRequestRejected, or MalformedLockRow
+        (WRONGTYPE: the key holds something that is not a lease)."""
+        redis = self._redis
+        connection = self._connection()
+        sent = False
+        # Taken by the next (re)connect only: its handshake (redis-py sends CLIENT SETINFO and, with
+        # credentials, AUTH) is then bounded by this request's timeout too.
+        connection.socket_connect_timeout = connection.socket_timeout = min(timeout_s, MAX_SOCKET_TIMEOUT_S)
+        try:
+            connection.connect()  # no-op when connected; failing here, nothing was sent
+            sent = True
+            connection.send_command(*command, check_health=False)
+            if not connection.can_read(timeout=timeout_s):
+                connection.disconnect()  # its reply may still come: never read it as another's
+                raise StoreError(
+                    f"Redis request on {key!r} timed out after {timeout_s:.3g}s (it may have run)",
+                    key=key, maybe_committed=True,
+                )
+            return connection.read_response()
+        except redis.exceptions.AuthenticationError as error:
+            raise StoreRequestRejected(f"Redis refused the credentials ({self.describe()}): {error}",
+                                       key=key) from error
+        except redis.exceptions.ResponseError as error:
+            raise self._classify_reply(error, key) from error
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as error:
+            connection.disconnect()
+            raise StoreError(
+                f"Redis request on {key!r} failed ({self.describe()}): {type(error).__name__}: {error}",
+                key=key, maybe_committed=sent,
+            ) from error
+
+    def _classify_reply(self, error: Exception, key: str) -> Exception:
+        redis = self._redis
+        text = str(error)
+        first = text.split(" ", 1)[0]
+        if isinstance(error, redis.exceptions.NoScriptError):
+            return error  # handled by run_script
+        if first == "WRONGTYPE":
+            return MalformedLockRow(f"Redis key of {key!r} holds something that is not a lease: {text}", key=key)
+        if first in _TRANSIENT_REPLIES or isinstance(
+            error, (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)
+        ):
+            return StoreError(f"Redis could not run the request on {key!r} now: {text}", key=key)
+        return StoreRequestRejected(f"Redis refused the request on {key!r} ({self.describe()}): {text}", key=key)
+
+    def run_script(self, script: _Script, key: str, timeout_s: float, keys: tuple, args: tuple) -> Any:
+        """EVALSHA; on NOSCRIPT (the script did not run) SCRIPT LOAD and EVALSHA once more."""
+        command = (b"EVALSHA", script.sha, len(keys), *keys, *args)
+        try:
+            return self.call(key, timeout_s, *command)
+        except self._redis.exceptions.NoScriptError:
+            loaded = _text(self.call(key, timeout_s, b"SCRIPT", b"LOAD", script.source))
+            if loaded != script.sha.decode():
+                raise StoreRequestRejected(f"Redis loaded script {script.name} as {loaded!r}, not its SHA1",
+                                           key=key) from None
+            return self.call(key, timeout_s, *command)
+
+    # ---- the LockStore operations --------------------------------------------------------------
+    def put_if_absent(
+        self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
+    ) -> int:
+        keys = (lease_key(table, key), fence_key(table, key))
+        return _token(self.run_script(_ACQUIRE, key, timeout_s, keys, (owner, version, lease_ms)), key)
+
+    def replace_if(
+        self,
+        table: str,
+        key: str,
+        expected_owner: str,
+        expected_version: str,
+        owner: str,
+        version: str,
+        lease_ms: int,
+        timeout_s: float,
+        usage: UsageMeter,
+    ) -> int:
+        keys = (lease_key(table, key), fence_key(table, key))
+        args = (expected_owner, expected_version, owner, version, lease_ms)
+        return _token(self.run_script(_TAKE_OVER, key, timeout_s, keys, args), key)
+
+    def update_version_if(
+        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        return self.run_script(_RENEW, key, timeout_s, (lease_key(table, key),), (owner, version, new_version)) == 1
+
+    def mark_waiting(
+        self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
+    ) -> bool:
+        return self.run_script(_MARK_WAITING, key, timeout_s, (lease_key(table, key),), (owner, version)) == 1
+
+    def delete_if_owner(
+        self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
+    ) -> Optional[LockRow]:
+        reply = self.run_script(_RELEASE, key, timeout_s, (lease_key(table, key),),
+                                (owner, release_channel(table, key)))
+        if not reply:
+            return None
+        try:
+            return _row(reply, key)
+        except MalformedLockRow:
+            return LockRow(owner, "", 0, 0)  # deleted all the same; only the hint is unreadable
+
+    def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
+        return _row(self.call(key, timeout_s, b"HGETALL", lease_key(table, key)), key)
+
+    def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
+        """Held leases of ``table`` (or only ``key``'s), as stored. SCAN, then one HGETALL each."""
+        check_prefix_table(table)
+        timeout_s = 5.0
+        if key is not None:
+            keys = [key]
+        else:
+            prefix = lease_key(table, "")
+            keys, cursor = [], b"0"
+            while True:  # SCAN ends when the cursor comes back to 0
+                cursor, found = self.call(table, timeout_s, b"SCAN", cursor, b"MATCH", prefix + b"*", b"COUNT", 1000)
+                keys.extend(name[len(prefix):].decode("utf-8", "backslashreplace") for name in found)
+                if _text(cursor) in ("0", 0):
+                    break
+        rows = []
+        for name in sorted(set(keys)):
+            try:
+                row = self.read(table, name, timeout_s, NO_USAGE)
+            except MalformedLockRow as error:
+                rows.append({"key": name, "owner": None, "version": None, "lease_ms": None, "protocol": None,
+                             "waiting": None, "fence": None, "malformed": str(error)})
+                continue
+            if row is not None:
+                rows.append({"key": name, **row._asdict()})
+        return rows
+
+    def close(self) -> None:
+        """Close every connection this store made (in any thread) and stop the release feed."""
+        self._closed = True
+        self.release_feed.close()
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            connection.disconnect()
+
+
+def _token(reply: Any, key: str) -> int:
+    """A script's fencing token reply: 0 (not applied) -> False, else the token."""
+    if type(reply) is not int or reply < 0:
+        raise MalformedLockRow(f"Redis fencing counter of {key!r} gave {reply!r}, not a positive int", key=key)
+    return reply if reply else False
+
+
+# ---------------------------------------------------------------------------------------------
+# Wake-up on release
+# ---------------------------------------------------------------------------------------------
+#: The listener checks for subscription work this often; it bounds how long a new watch waits for
+#: its subscription (the engine then reads once more, so nothing released meanwhile is missed).
+LISTENER_TICK_S = 0.01
+#: A channel stays subscribed this long after its last watcher left: a worker that loops over one
+#: key then keeps its subscription instead of renewing it on every wait.
+LINGER_S = 2.0
+#: The listener thread exits after this long with no channel; the next watch starts another.
+LISTENER_IDLE_EXIT_S = 30.0
+
+
+class _Channel:
+    __slots__ = ("watchers", "ready", "subscribed", "outstanding", "idle_since")
+
+    def __init__(self) -> None:
+        self.watchers: dict[int, Callable[[], None]] = {}
+        self.ready = threading.Event()  # subscribed, and confirmed by the server
+        self.subscribed = False  # our last command for it was SUBSCRIBE
+        self.outstanding = 0  # SUBSCRIBE/UNSUBSCRIBE commands not yet confirmed
+        self.idle_since = 0.0
+
+
+class Watch:
+    """A waiter's interest in one key's releases: ``ready`` once the subscription is confirmed;
+    ``was_ready`` if it already was when the watch began."""
+
+    __slots__ = ("channel", "ident", "ready", "was_ready")
+
+    def __init__(self, channel: bytes, ident: int, ready: threading.Event, was_ready: bool) -> None:
+        self.channel = channel
+        self.ident = ident
+        self.ready = ready
+        self.was_ready = was_ready
+
+
+class RedisReleaseFeed:
+    """Releases published by any process, delivered to this process's waiters at once.
+
+    One listener thread per store owns one pub/sub connection (made with the pool's settings) and all
+    its I/O: waiters only register callbacks. A channel is subscribed while a waiter watches it (and
+    ``LINGER_S`` more). A message is only a hint to look again: a lost one (a reconnect, a subscription
+    not yet confirmed) leaves the waiter to its next poll, and it never admits anyone, since the
+    waiter must still win the conditional write. ``delivered`` counts messages that woke a waiter.
+    """
+
+    def __init__(self, store: RedisStore) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._channels: dict[bytes, _Channel] = {}
+        self._idents = itertools.count(1)
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self.delivered = 0
+        self.enabled = True
+
+    def watch(self, table: str, key: str, wake: Callable[[], None]) -> Watch:
+        """Call ``wake()`` (on the listener thread; it must be quick and never raise) whenever the
+        key is released, until ``unwatch``. Never raises and never waits."""
+        name = release_channel(table, key)
+        with self._lock:
+            channel = self._channels.get(name)
+            if channel is None:
+                channel = self._channels[name] = _Channel()
+            ident = next(self._idents)
+            channel.watchers[ident] = wake
+            was_ready = channel.ready.is_set()
+            if self.enabled and not self._stop.is_set() and (self._thread is None or not self._thread.is_alive()):
+                self._thread = threading.Thread(target=self._listen, name="fastlease-redis-feed", daemon=True)
+                self._thread.start()
+        return Watch(name, ident, channel.ready, was_ready)
+
+    def unwatch(self, watch: Watch) -> None:
+        with self._lock:
+            channel = self._channels.get(watch.channel)
+            if channel is not None and channel.watchers.pop(watch.ident, None) is not None and not channel.watchers:
+                channel.idle_since = time.monotonic()
+
+    def subscribed(self, table: str, key: str) -> bool:
+        """True once the server has confirmed our subscription to ``key``'s releases."""
+        with self._lock:
+            channel = self._channels.get(release_channel(table, key))
+            return channel is not None and channel.subscribed and channel.ready.is_set()
+
+    def close(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5)
+
+    # ---- the listener thread -----------------------------------------------------------------------
+    def _listen(self) -> None:
+        redis = self._store._redis
+        connection = None
+        backoff_s = 0.05
+        idle_since = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                try:
+                    if connection is None:
+                        connection = self._store.new_connection(resp2=True)
+                        connection.connect()
+                        with self._lock:
+                            for channel in self._channels.values():  # a new connection has no subscriptions
+                                channel.ready.clear()
+                                channel.subscribed = False
+                                channel.outstanding = 0
+                        backoff_s = 0.05
+                    self._send_changes(connection)
+                    if connection.can_read(timeout=LISTENER_TICK_S):
+                        self._dispatch(connection.read_response())
+                        while connection.can_read(timeout=0):
+                            self._dispatch(connection.read_response())
+                except (redis.exceptions.RedisError, OSError):
+                    if connection is not None:
+                        connection.disconnect()
+                    connection = None
+                    with self._lock:
+                        for channel in self._channels.values():
+                            channel.ready.clear()
+                    self._stop.wait(backoff_s)  # the waiters poll meanwhile
+                    backoff_s = min(backoff_s * 2, 1.0)
+                    continue
+                with self._lock:
+                    if self._channels:
+                        idle_since = time.monotonic()
+                    elif time.monotonic() - idle_since > LISTENER_IDLE_EXIT_S:
+                        self._thread = None
+                        return
+        finally:
+            if connection is not None:
+                connection.disconnect()
+
+    def _send_changes(self, connection: Any) -> None:
+        """Subscribe channels that gained a watcher, unsubscribe those idle past the linger."""
+        now = time.monotonic()
+        subscribe, unsubscribe = [], []
+        with self._lock:
+            for name, channel in list(self._channels.items()):
+                if channel.watchers and not channel.subscribed:
+                    channel.subscribed = True
+                    channel.outstanding += 1
+                    subscribe.append(name)
+                elif not channel.watchers and now - channel.idle_since > LINGER_S:
+                    if channel.subscribed:
+                        channel.subscribed = False
+                        channel.ready.clear()
+                        channel.outstanding += 1
+                        unsubscribe.append(name)
+                    elif channel.outstanding == 0:
+                        del self._channels[name]
+        if subscribe:
+            connection.send_command(b"SUBSCRIBE", *subscribe, check_health=False)
+        if unsubscribe:
+            connection.send_command(b"UNSUBSCRIBE", *unsubscribe, check_health=False)
+
+    def _dispatch(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) != 3:
+            return
+        kind, name = _text(reply[0]), reply[1]
+        if isinstance(name, str):
+            name = name.encode("utf-8")
+        with self._lock:
+            channel = self._channels.get(name)
+            if channel is None:
+                return
+            if kind == "message":
+                wakes = list(channel.watchers.values())
+            else:  # "subscribe" / "unsubscribe": the server confirms one of our commands
+                channel.outstanding = max(0, channel.outstanding - 1)
+                if channel.outstanding == 0 and channel.subscribed:
+                    channel.ready.set()
+                return
+        if wakes:
+            self.delivered += 1
+        for wake in wakes:
+            wake()
+
+
+class RedisClient(LeaseClient):
+    """A lease client on a Redis server.
+
+    ``RedisClient("redis://127.0.0.1:6379/0")`` or ``RedisClient(redis.Redis(...))`` (its connection
+    pool's settings are used: address, database, credentials, TLS, timeouts). The lock table is a
+    namespace in the key names; nothing needs creating. Nothing is sent until the first lease.
+
+    ``lease.fencing_token`` is a per-key counter that strictly increases with every acquisition and
+    takeover: pass it to the resource you protect and have it refuse writes with a lower token. There
+    is no ``check_in``: Redis has no transaction that can join your other writes.
+    """
+
+    def __init__(self, redis_or_url: Any, *, clock: Optional[Any] = None, wake_on_release: bool = True,
+                 **engine: Any) -> None:
+        redis = _load_redis()
+        if isinstance(redis_or_url, str):
+            try:
+                client = redis.Redis.from_url(redis_or_url)
+            except ValueError as error:
+                raise ValueError(f"RedisClient: bad Redis URL {_safe_url(redis_or_url)!r}: {error}") from None
+        elif isinstance(redis_or_url, redis.Redis):
+            client = redis_or_url
+        else:
+            raise TypeError(
+                "RedisClient takes a redis:// URL or a redis.Redis client, got "
+                f"{type(redis_or_url).__name__}" + (" (Redis Cluster is not supported)"
+                                                    if "Cluster" in type(redis_or_url).__name__ else "")
+            )
+        if type(wake_on_release) is not bool:
+            raise TypeError(f"wake_on_release must be a bool, got {wake_on_release!r}")
+        self.redis = client
+        self.store = RedisStore(client.connection_pool)
+        self.store.release_feed.enabled = wake_on_release
+        super().__init__(self.store, clock=clock, **engine)
+        self._release_feed = self.store.release_feed if wake_on_release else None
+
+    def __repr__(self) -> str:
+        return f"RedisClient({self.store.describe()})"
+
+    def _observation_scope(self) -> str:
+        return f"redis:{self.store.describe()}"
+
+    def inspect(self, table: str, key: Optional[str] = None) -> list[dict[str, Any]]:
+        return self.store.inspect(table, key)
+
+    def _check_in(self, lease: Any, transaction: Any) -> None:
+        raise TypeError(
+            "RedisClient has no check_in: Redis has no transaction that can join your other writes. "
+            "Pass lease.fencing_token to the resource you write and have it refuse lower tokens"
+        )
+
+    def close(self) -> None:
+        super().close()
+        self.store.close()
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        credentials, _, host = rest.rpartition("@")
+        return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}" if ":" in credentials else url
+    return url

@@ -1,0 +1,334 @@
+"""The Redis store on a real redis-server (started by the test session): the engine through the public
+API, expiry, fencing, the wake-up on release, faults, and real processes.
+
+The store contract itself runs in ``test_contract.py``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import mp_workers
+from fastlease import SyncDistributedLock
+from fastlease.exceptions import LockNotAcquired, MalformedLockRow, StoreError, StoreRequestRejected
+from fastlease.stores.redis import RedisClient, fence_key, lease_key
+from fastlease.testing import NO_USAGE
+from proc_helpers import JOIN_S, Children, kill_and_reap, receive, run_contenders
+
+CONTENDERS = 16
+ROUNDS = 8
+BOUND_S = 20.0  # bound for every wait in these tests
+
+
+@pytest.fixture
+def make_redis(core, redis_url, redis_db):
+    clients = []
+
+    def build(target: Any = None, **kwargs: Any) -> RedisClient:
+        client = RedisClient(target if target is not None else redis_url, _core=core, **kwargs)
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        client.close()
+
+
+def wait_until(condition: Any, what: str) -> None:
+    """Poll ``condition`` until it holds, at most BOUND_S (a bounded wait on another process's state)."""
+    deadline = time.monotonic() + BOUND_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])  # nothing listens once the probe is closed
+
+
+class Waiter:
+    """A thread that acquires ``key`` on ``client`` and records what happened."""
+
+    def __init__(self, client: RedisClient, key: str, wait_s: float = BOUND_S) -> None:
+        self.client, self.key, self.wait_s = client, key, wait_s
+        self.token: Any = None
+        self.error: Any = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            guard = SyncDistributedLock(self.client, table="locks", key=self.key, lease_duration=5,
+                                        wait_timeout=self.wait_s)
+            with guard as lease:
+                self.token = lease.fencing_token
+        except BaseException as error:  # noqa: BLE001 - reported by join()
+            self.error = error
+
+    def join(self) -> None:
+        self.thread.join(BOUND_S + self.wait_s)
+        assert not self.thread.is_alive(), "waiter still waiting"
+        if self.error is not None:
+            raise self.error
+
+
+# ---- the row, its expiry and its fencing counter -------------------------------------------------
+def test_a_hold_costs_two_requests_sets_px_and_keeps_the_fence_counter(make_redis, redis_db):
+    client = make_redis()
+    with SyncDistributedLock(client, table="locks", key="import:daily", lease_duration=10) as lease:
+        stored = redis_db.hgetall(lease_key("locks", "import:daily"))
+        assert stored == {b"owner": lease.owner.encode(), b"version": stored[b"version"], b"lease_ms": b"10000",
+                          b"protocol": b"1", b"fence": b"1"}
+        assert 0 < redis_db.pttl(lease_key("locks", "import:daily")) <= 10_000
+        assert redis_db.pttl(fence_key("locks", "import:daily")) == -1  # the counter never expires
+        assert lease.fencing_token == 1
+    assert (lease.metrics.write_requests, lease.metrics.read_requests) == (2, 0)
+    assert redis_db.exists(lease_key("locks", "import:daily")) == 0
+    assert redis_db.get(fence_key("locks", "import:daily")) == b"1"
+    with SyncDistributedLock(client, table="locks", key="import:daily") as again:
+        assert again.fencing_token == 2
+
+
+def test_renewal_resets_px_and_a_waiting_mark_leaves_it_alone(make_redis, redis_db):
+    store = make_redis().store
+    name = lease_key("locks", "k")
+    assert store.put_if_absent("locks", "k", "o1", "v1", 10_000, 5.0, NO_USAGE) == 1
+    redis_db.pexpire(name, 3_000)  # as if most of the lease had passed
+    assert store.mark_waiting("locks", "k", "o1", "v1", 5.0, NO_USAGE) is True
+    assert 0 < redis_db.pttl(name) <= 3_000  # a contender never keeps the holder's key alive
+    assert store.update_version_if("locks", "k", "o1", "v1", "v2", 5.0, NO_USAGE) is True
+    assert 3_000 < redis_db.pttl(name) <= 10_000  # the holder's renewal gives a whole lease again
+    assert store.update_version_if("locks", "k", "o1", "v1", "v3", 5.0, NO_USAGE) is False
+
+
+def test_fencing_tokens_strictly_increase_across_release_expiry_and_takeover(make_redis, redis_db):
+    client = make_redis()
+    store = client.store
+    tokens = []
+    with SyncDistributedLock(client, table="locks", key="k") as lease:  # released
+        tokens.append(lease.fencing_token)
+    tokens.append(store.put_if_absent("locks", "k", "crashed", "v", 200, 5.0, NO_USAGE))  # never renewed
+    wait_until(lambda: redis_db.exists(lease_key("locks", "k")) == 0, "the crashed holder's key to expire")
+    with SyncDistributedLock(client, table="locks", key="k") as lease:  # after expiry
+        tokens.append(lease.fencing_token)
+    # A holder whose key cannot expire (PERSIST) is taken over by observation after its lease.
+    tokens.append(store.put_if_absent("locks", "k", "stuck", "v", 300, 5.0, NO_USAGE))
+    redis_db.persist(lease_key("locks", "k"))
+    with SyncDistributedLock(client, table="locks", key="k", lease_duration=1, wait_timeout=10) as lease:
+        tokens.append(lease.fencing_token)
+        assert lease.metrics.read_requests >= 1  # it had to wait: a takeover, not a fresh key
+    assert tokens == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("key", [
+    "k'\"\n\r\t;--", "{a}}{", "]] redis.call('FLUSHALL') --[[", "'); redis.call('DEL', KEYS[1]); --",
+    "*", "fastlease:locks:lease:other", "\x00nul", "日本:🙂", "x" * 2048,
+])
+def test_injection_shaped_keys_are_only_bytes(make_redis, redis_db, key):
+    redis_db.set("canary", "alive")
+    client = make_redis()
+    with SyncDistributedLock(client, table="locks", key=key) as lease:
+        assert redis_db.hget(lease_key("locks", key), "owner") == lease.owner.encode()
+        assert set(redis_db.keys()) == {b"canary", lease_key("locks", key), fence_key("locks", key)}
+        assert [row["key"] for row in client.inspect("locks")] == [key]
+    assert set(redis_db.keys()) == {b"canary", fence_key("locks", key)}
+    assert redis_db.get("canary") == b"alive"
+
+
+@pytest.mark.parametrize("table", ["a:b", "x*", "ta ble", "t{}", "ab"])
+def test_table_names_that_could_leave_their_namespace_are_refused_before_any_request(make_redis, table):
+    client = make_redis(f"redis://127.0.0.1:{closed_port()}/0")  # any request would fail differently
+    with pytest.raises(ValueError, match="table must be"):
+        SyncDistributedLock(client, table=table, key="k").__enter__()
+
+
+# ---- malformed rows fail closed --------------------------------------------------------------------
+@pytest.mark.parametrize("fields, message", [
+    ({"owner": "o", "version": "v", "lease_ms": "abc", "protocol": "1"}, "lease_ms"),
+    ({"owner": "o", "version": "v", "lease_ms": "999999999999", "protocol": "1"}, "lease_ms"),
+    ({"owner": "o", "version": "v", "lease_ms": "1000", "protocol": "2"}, "protocol"),
+    ({"version": "v", "lease_ms": "1000", "protocol": "1"}, "owner"),
+    ({"owner": "o", "version": "v", "lease_ms": "1000", "protocol": "1", "waiting": "yes"}, "waiting"),
+    ({"owner": "o", "version": "v", "lease_ms": "1000", "protocol": "1", "fence": "-3"}, "fencing token"),
+])
+def test_malformed_rows_are_refused_and_never_taken_over(make_redis, redis_db, fields, message):
+    name = lease_key("locks", "bad")
+    redis_db.hset(name, mapping=fields)
+    client = make_redis()
+    with pytest.raises(MalformedLockRow, match=message):
+        SyncDistributedLock(client, table="locks", key="bad", lease_duration=0.2, wait_timeout=1).__enter__()
+    assert redis_db.hgetall(name) == {k.encode(): v.encode() for k, v in fields.items()}
+
+
+def test_a_key_holding_another_type_is_malformed_and_left_alone(make_redis, redis_db):
+    redis_db.set(lease_key("locks", "str"), "someone else's value")
+    with pytest.raises(MalformedLockRow, match="not a lease"):
+        SyncDistributedLock(make_redis(), table="locks", key="str", wait_timeout=1).__enter__()
+    assert redis_db.get(lease_key("locks", "str")) == b"someone else's value"
+
+
+# ---- errors ------------------------------------------------------------------------------------------
+def test_an_unreachable_server_is_a_store_error_and_construction_sends_nothing(make_redis):
+    port = closed_port()
+    client = make_redis(f"redis://:hunter2@127.0.0.1:{port}/0")  # constructing connects to nothing
+    with pytest.raises(LockNotAcquired) as info:
+        SyncDistributedLock(client, table="locks", key="k", wait_timeout=0.3).__enter__()
+    cause = info.value.__cause__
+    assert isinstance(cause, StoreError) and cause.maybe_committed is False
+    assert f"127.0.0.1:{port}" in str(cause) and "hunter2" not in str(cause) and "hunter2" not in repr(client)
+
+
+def test_scripts_flushed_from_the_server_are_loaded_again(make_redis, redis_db):
+    client = make_redis()
+    with SyncDistributedLock(client, table="locks", key="k"):
+        redis_db.script_flush()  # NOSCRIPT on the release: it did not run, so it is loaded and sent again
+    assert redis_db.exists(lease_key("locks", "k")) == 0
+    redis_db.script_flush()
+    with SyncDistributedLock(client, table="locks", key="k") as lease:
+        assert lease.fencing_token == 2
+
+
+def test_a_user_without_permission_is_refused_not_retried(make_redis, redis_db, redis_url):
+    redis_db.execute_command("ACL", "SETUSER", "reader", "on", ">s3cret-pw", "~*", "+@read", "+@connection")
+    try:
+        client = make_redis(redis_url.replace("redis://", "redis://reader:s3cret-pw@"))
+        started = time.monotonic()
+        with pytest.raises(StoreRequestRejected, match="NOPERM|permission") as info:
+            SyncDistributedLock(client, table="locks", key="k", wait_timeout=10).__enter__()
+        assert time.monotonic() - started < 5  # refused at once, not retried for the wait budget
+        assert "s3cret-pw" not in str(info.value)
+        bad = make_redis(redis_url.replace("redis://", "redis://reader:wrong-pw@"))
+        with pytest.raises(StoreRequestRejected, match="credentials") as info:
+            SyncDistributedLock(bad, table="locks", key="k", wait_timeout=10).__enter__()
+        assert "wrong-pw" not in str(info.value)
+    finally:
+        redis_db.execute_command("ACL", "DELUSER", "reader")
+
+
+def test_a_write_that_commits_after_its_timeout_is_reconciled(make_redis, redis_db, redis_url):
+    """A stalled server (DEBUG SLEEP) runs our acquisition after the client gave up on it: a late
+    commit. The engine reconciles by reading, finds its own row, and holds it."""
+    client = make_redis()
+    with SyncDistributedLock(client, table="locks", key="warm-up"):
+        pass  # connected: the stall below hits the acquisition's script, not the connect
+    staller = socket.create_connection(("127.0.0.1", int(redis_url.rsplit(":", 1)[1].split("/")[0])), timeout=10)
+    try:
+        staller.sendall(b"DEBUG SLEEP 1.0\r\n")
+        probe = socket.create_connection(staller.getpeername(), timeout=0.05)
+        with probe:  # the server is asleep once a PING goes unanswered
+            probe.sendall(b"PING\r\n")
+            with pytest.raises(socket.timeout):
+                probe.recv(16)
+        # lease 0.6 s: each request gives up after 0.2 s, long before the server wakes.
+        with SyncDistributedLock(client, table="locks", key="late", lease_duration=0.6, wait_timeout=10) as lease:
+            assert redis_db.hget(lease_key("locks", "late"), "owner") == lease.owner.encode()
+            assert lease.metrics.request_failures >= 1
+            assert lease.fencing_token == int(redis_db.hget(lease_key("locks", "late"), "fence"))
+        assert staller.recv(16).startswith(b"+OK")
+    finally:
+        staller.close()
+    assert redis_db.exists(lease_key("locks", "late")) == 0  # nothing left behind
+
+
+def test_check_in_points_to_fencing_tokens(make_redis):
+    with SyncDistributedLock(make_redis(), table="locks", key="k") as lease:
+        with pytest.raises(TypeError, match="fencing_token"):
+            lease.check_in(object())
+
+
+def test_bad_constructor_arguments_are_clear(core):
+    with pytest.raises(TypeError, match="redis:// URL or a redis.Redis"):
+        RedisClient(42, _core=core)
+    with pytest.raises(ValueError, match="bad Redis URL") as info:
+        RedisClient("http://user:pw-secret@127.0.0.1/0", _core=core)
+    assert "pw-secret" not in str(info.value)
+    with pytest.raises(TypeError, match="wake_on_release"):
+        RedisClient("redis://127.0.0.1:1/0", wake_on_release="yes", _core=core)
+
+
+# ---- wake-up on release --------------------------------------------------------------------------
+def test_a_release_wakes_a_waiter_of_another_client_through_the_feed(make_redis):
+    holder, waiter_client = make_redis(), make_redis()
+    feed = waiter_client.store.release_feed
+    with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
+        waiter = Waiter(waiter_client, "hot")
+        wait_until(lambda: feed.subscribed("locks", "hot"), "the waiter's subscription")
+        assert feed.delivered == 0
+    waiter.join()
+    assert waiter.token == 2 and feed.delivered == 1
+
+
+def test_a_lost_release_message_only_leaves_the_waiter_to_its_poll(make_redis, redis_db):
+    holder, waiter_client = make_redis(), make_redis()
+    feed = waiter_client.store.release_feed
+    guard = SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30)
+    guard.__enter__()
+    waiter = Waiter(waiter_client, "hot")
+    wait_until(lambda: feed.subscribed("locks", "hot"), "the waiter's subscription")
+    redis_db.delete(lease_key("locks", "hot"))  # gone without a message, as when one is lost
+    waiter.join()
+    assert waiter.token == 2 and feed.delivered == 0
+    holder.close()
+
+
+def test_the_feed_resubscribes_after_its_connection_is_killed(make_redis, redis_db):
+    holder, waiter_client = make_redis(), make_redis()
+    feed = waiter_client.store.release_feed
+    with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
+        waiter = Waiter(waiter_client, "hot")
+        wait_until(lambda: feed.subscribed("locks", "hot"), "the waiter's subscription")
+        assert redis_db.execute_command("CLIENT", "KILL", "TYPE", "pubsub") == 1
+        wait_until(lambda: not feed.subscribed("locks", "hot"), "the feed to notice")
+        wait_until(lambda: feed.subscribed("locks", "hot"), "the feed to subscribe again")
+    waiter.join()
+    assert feed.delivered == 1
+
+
+def test_without_wake_on_release_nothing_subscribes(make_redis, redis_db):
+    holder, waiter_client = make_redis(), make_redis(wake_on_release=False)
+    with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
+        waiter = Waiter(waiter_client, "hot")
+        wait_until(lambda: redis_db.hget(lease_key("locks", "hot"), "waiting") == b"1", "the waiter's mark")
+        assert redis_db.pubsub_numsub(b"fastlease:locks:released:hot") == [(b"fastlease:locks:released:hot", 0)]
+    waiter.join()
+    assert waiter.token == 2
+
+
+# ---- real processes --------------------------------------------------------------------------------
+def test_sixteen_processes_never_hold_a_key_at_the_same_time(children: Children, redis_url, redis_db) -> None:
+    holds = run_contenders(children, redis_url, "locks", "hot", CONTENDERS, ROUNDS, True, 2.0)
+    assert len(holds) == CONTENDERS * ROUNDS
+    holds.sort()  # CLOCK_MONOTONIC is system-wide on Linux: intervals of all processes compare
+    overlaps = [(a, b) for a, b in zip(holds, holds[1:]) if b[0] <= a[1]]
+    assert not overlaps, f"{len(overlaps)} overlapping holds, e.g. {overlaps[:3]}"
+    assert sum(1 for a, b in zip(holds, holds[1:]) if a[3] != b[3]) >= CONTENDERS
+    assert redis_db.exists(lease_key("locks", "hot")) == 0  # every hold released
+    assert redis_db.get(fence_key("locks", "hot")) == str(CONTENDERS * ROUNDS).encode()
+
+
+def test_a_sigkilled_holder_is_recovered_by_expiry_within_its_remaining_ttl(children, redis_url, redis_db):
+    child = children.start(mp_workers.hold_until_killed, redis_url, "locks", "killed", 2.0, "fastlease", True)
+    _, pid, child_owner = receive(child, "held")
+    assert redis_db.hget(lease_key("locks", "killed"), "owner") == child_owner.encode()
+    kill_and_reap(child)
+    remaining_s = redis_db.pttl(lease_key("locks", "killed")) / 1000
+    assert 0 < remaining_s <= 2.0
+    client = RedisClient(redis_url)
+    try:
+        started = time.monotonic()
+        with SyncDistributedLock(client, table="locks", key="killed", lease_duration=2.0, wait_timeout=10) as lease:
+            waited = time.monotonic() - started
+            assert lease.fencing_token == 2
+        # Expiry, then the next poll (at most 1.5 poll intervals, 0.19 s) and two requests.
+        assert waited <= remaining_s + 0.5, f"recovered {waited:.3f} s after the kill, TTL was {remaining_s:.3f} s"
+    finally:
+        client.close()
+    child.proc.join(JOIN_S)
