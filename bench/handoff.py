@@ -1,8 +1,12 @@
 """Handoff between contenders: 4 workers loop on one key (acquire, 5 ms of work, release) for a while.
 
-Side by side in one run, fastlease and pydynox 1.8.0:
-  * threads sharing one client on the in-memory store;
-  * processes (spawn), one client each, against one serialised moto DynamoDB server.
+Side by side in one run:
+  * threads sharing one client on the in-memory store: fastlease and pydynox 1.8.0;
+  * processes (spawn), one client each, against one serialised moto DynamoDB server: the same two;
+  * processes against one redis-server (started here): fastlease with its wake-up on release, fastlease
+    polling only (``wake_on_release=False``), redis-py's ``Lock`` (polls every 0.1 s),
+    python-redis-lock (BLPOP wake-up) and the seed article's hand-written SET NX PX loop (polls every
+    0.05 s). Only fastlease reports its reads (n/a for the others).
 
 Reported: handoff latency p50/p99 (from one holder's release to the next acquisition by another
 worker, on the system-wide monotonic clock), each worker's share of the acquisitions, and reads per
@@ -22,6 +26,8 @@ from typing import Any
 WORKERS = 4
 WORK_S = 0.005
 TABLE = "handoff_locks"
+#: The Redis peers (bench/redis_peers.py), run only in the Redis section.
+REDIS_PEERS = ("redis-py", "redis_lock", "article")
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
 
 
@@ -32,6 +38,13 @@ def run_worker(library: str, client: Any, seconds: float, start_at: float) -> di
 
         def guard() -> Any:
             return SyncDistributedLock(client, table=TABLE, key="hot", lease_duration=30, wait_timeout=5)
+    elif library in REDIS_PEERS:
+        import redis_peers
+
+        LockNotAcquired = redis_peers.NotAcquired  # type: ignore[misc,assignment]  # noqa: N806
+
+        def guard() -> Any:
+            return redis_peers.GUARDS[library](client, "hot")
     else:
         from pydynox.exceptions import LockNotAcquired  # type: ignore[no-redef]
         from pydynox.lock import SyncDistributedLock as PydynoxLock
@@ -53,20 +66,33 @@ def run_worker(library: str, client: Any, seconds: float, start_at: float) -> di
         except LockNotAcquired:
             continue
         finally:
-            metrics = lock.metrics
-            reads += metrics.read_requests
-            waited_ms += metrics.wait_ms
+            metrics = getattr(lock, "metrics", None)
+            if metrics is not None:
+                reads += metrics.read_requests
+                waited_ms += metrics.wait_ms
         holds.append((acquired, released))
+    if library in REDIS_PEERS:
+        return {"holds": holds, "reads": None, "waited_ms": 0.0}
     return {"holds": holds, "reads": reads, "waited_ms": waited_ms}
 
 
 def process_worker(library: str, endpoint: str, seconds: float, start_at: float, out: Any) -> None:
-    if library == "fastlease":
+    if endpoint.startswith("redis://"):
+        from fastlease.stores.redis import RedisClient
+
+        if library in REDIS_PEERS:
+            import redis
+
+            client: Any = redis.Redis.from_url(endpoint)
+        else:
+            client = RedisClient(endpoint, wake_on_release=library == "fastlease")
+            library = "fastlease"
+    elif library == "fastlease":
         import boto3
 
         from fastlease.dynamodb import DynamoDBClient
 
-        client: Any = DynamoDBClient(session=boto3.session.Session(**CREDENTIALS), endpoint_url=endpoint)
+        client = DynamoDBClient(session=boto3.session.Session(**CREDENTIALS), endpoint_url=endpoint)
     else:
         from pydynox import DynamoDBClient as PydynoxClient
 
@@ -87,12 +113,16 @@ def summarise(name: str, results: list[dict[str, Any]]) -> None:
     handoffs = [max(0.0, nxt[0] - cur[1]) * 1000 for cur, nxt in zip(timeline, timeline[1:]) if nxt[2] != cur[2]]
     total = len(timeline)
     shares = [len(result["holds"]) / total * 100 if total else 0.0 for result in results]
-    reads = sum(result["reads"] for result in results)
-    waited_s = sum(result["waited_ms"] for result in results) / 1000
     p50 = statistics.median(handoffs) if handoffs else float("nan")
     p99 = sorted(handoffs)[int(len(handoffs) * 0.99)] if handoffs else float("nan")
-    print(f"{name:<32}{total:>7}{p50:>10.1f}{p99:>10.1f}   {' '.join(f'{s:4.0f}%' for s in shares):<23}"
-          f"{reads / max(total, 1):>11.2f}{reads / max(waited_s, 1e-9):>14.1f}")
+    if any(result["reads"] is None for result in results):
+        read_columns = f"{'n/a':>11}{'n/a':>14}"
+    else:
+        reads = sum(result["reads"] for result in results)
+        waited_s = sum(result["waited_ms"] for result in results) / 1000
+        read_columns = f"{reads / max(total, 1):>11.2f}{reads / max(waited_s, 1e-9):>14.1f}"
+    print(f"{name:<34}{total:>7}{p50:>10.1f}{p99:>10.1f}   {' '.join(f'{s:4.0f}%' for s in shares):<23}"
+          + read_columns)
 
 
 def threads_on_memory(library: str, seconds: float) -> list[dict[str, Any]]:
@@ -126,7 +156,8 @@ def threads_on_memory(library: str, seconds: float) -> list[dict[str, Any]]:
     return results
 
 
-def processes_on_dynamodb(library: str, endpoint: str, seconds: float) -> list[dict[str, Any]]:
+def processes_on(library: str, endpoint: str, seconds: float) -> list[dict[str, Any]]:
+    """WORKERS spawned processes, one client each, on the store at ``endpoint`` (moto or redis://)."""
     context = multiprocessing.get_context("spawn")
     start_at = time.monotonic() + 3.0  # time for the children to import and connect
     pipes, processes = [], []
@@ -156,17 +187,29 @@ def processes_on_dynamodb(library: str, endpoint: str, seconds: float) -> list[d
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--stores", default="memory,dynamodb,redis",
+                        help="comma-separated sections to run (default memory,dynamodb,redis)")
     args = parser.parse_args()
+    args.stores = set(args.stores.split(","))
+    print(f"# handoff: {WORKERS} workers, {WORK_S * 1000:g} ms critical section, {args.seconds:g} s each, "
+          f"{time.strftime('%Y-%m-%d')}")
+    print(f"{'setup':<34}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
+          f"{'reads/acq':>11}{'reads/s wait':>14}")
+    if "memory" in args.stores:
+        for library in ("fastlease", "pydynox"):
+            summarise(f"{library}: threads, memory", threads_on_memory(library, args.seconds))
+    if "dynamodb" in args.stores:
+        dynamodb_section(args.seconds)
+    if "redis" in args.stores:
+        redis_section(args.seconds)
+    return 0
+
+
+def dynamodb_section(seconds: float) -> None:
     import boto3
 
     from fastlease.testing_moto import MotoServer
 
-    print(f"# handoff: {WORKERS} workers, {WORK_S * 1000:g} ms critical section, {args.seconds:g} s each, "
-          f"{time.strftime('%Y-%m-%d')}")
-    print(f"{'setup':<32}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
-          f"{'reads/acq':>11}{'reads/s wait':>14}")
-    for library in ("fastlease", "pydynox"):
-        summarise(f"{library}: threads, memory", threads_on_memory(library, args.seconds))
     with MotoServer() as server:
         boto3.client("dynamodb", endpoint_url=server.endpoint_url, **CREDENTIALS).create_table(
             TableName=TABLE,
@@ -175,9 +218,17 @@ def main() -> int:
             BillingMode="PAY_PER_REQUEST",
         )
         for library in ("fastlease", "pydynox"):
-            summarise(f"{library}: processes, DynamoDB", processes_on_dynamodb(library, server.endpoint_url,
-                                                                               args.seconds))
-    return 0
+            summarise(f"{library}: processes, DynamoDB", processes_on(library, server.endpoint_url, seconds))
+
+
+def redis_section(seconds: float) -> None:
+    from fastlease.testing_redis import RedisServer
+
+    with RedisServer() as server:
+        for library, label in (("fastlease", "fastlease: processes, Redis"),
+                               ("fastlease-polling", "fastlease, polling only: Redis"),
+                               *((peer, f"{peer}: processes, Redis") for peer in REDIS_PEERS)):
+            summarise(label, processes_on(library, server.url, seconds))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ __all__ = [
     "LockReleaseError",
     "MemoryClient",
     "MemoryStore",
+    "RedisClient",
     "SQLiteClient",
     "SyncDistributedLock",
     "distributed_lock",
@@ -39,4 +40,8 @@ def __getattr__(name: str) -> object:
         from .stores.dynamodb import DynamoDBClient
 
         return DynamoDBClient
+    if name == "RedisClient":
+        from .stores.redis import RedisClient
+
+        return RedisClient
     raise AttributeError(f"module 'fastlease' has no attribute {name!r}")

@@ -70,17 +70,18 @@ class RedisServer:
             raise RuntimeError("RedisServer was never started")
         return self._proc.pid
 
-    def start(self, timeout_s: float = 20.0, attempts: int = 3) -> str:
-        """Start the server and wait until it answers PING; returns its URL. RedisServerUnavailable
-        (with the server's own output) if it cannot start within ``timeout_s``."""
+    def start(self, timeout_s: float = 20.0, attempts: int = 3, port: Optional[int] = None) -> str:
+        """Start the server (on ``port``, or a free one) and wait until it answers PING; returns its URL.
+        RedisServerUnavailable (with the server's own output) if it cannot start within ``timeout_s``."""
         executable = redis_server_path()
         if executable is None:
             raise RedisServerUnavailable(
                 "redis-server is not installed (apt-get install -y redis-server, or set REDIS_SERVER)"
             )
         problem = ""
-        for _ in range(attempts):  # a free port can be taken by someone else before the server binds it
-            port = _free_port()
+        wanted = port
+        for _ in range(attempts if wanted is None else 1):  # a free port can be taken before the server binds it
+            port = _free_port() if wanted is None else wanted
             self._log = tempfile.TemporaryFile(prefix="fastlease-redis-")
             command = [executable, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
                        "--daemonize", "no", "--protected-mode", "yes", "--logfile", "",

@@ -6,16 +6,22 @@ The store contract itself runs in ``test_contract.py``.
 
 from __future__ import annotations
 
+import os
+import re
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import mp_workers
 from fastlease import SyncDistributedLock
-from fastlease.exceptions import LockNotAcquired, MalformedLockRow, StoreError, StoreRequestRejected
+from fastlease.exceptions import LockLost, LockNotAcquired, MalformedLockRow, StoreError, StoreRequestRejected
 from fastlease.stores.redis import RedisClient, fence_key, lease_key
 from fastlease.testing import NO_USAGE
 from proc_helpers import JOIN_S, Children, kill_and_reap, receive, run_contenders
@@ -332,3 +338,78 @@ def test_a_sigkilled_holder_is_recovered_by_expiry_within_its_remaining_ttl(chil
     finally:
         client.close()
     child.proc.join(JOIN_S)
+
+
+def test_the_readme_fencing_example_refuses_a_stale_holders_write(make_redis, redis_db):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    match = re.search(r'FENCED_WRITE = """(.*?)"""', readme, re.S)
+    assert match, "the README's fencing example is gone"
+    fenced_write = textwrap.dedent(match.group(1))
+    client = make_redis()
+    stale = SyncDistributedLock(client, table="jobs", key="report", lease_duration=30)
+    old = stale.__enter__()
+    assert redis_db.eval(fenced_write, 1, "report:output", old.fencing_token, "first") == 1
+    redis_db.delete(lease_key("jobs", "report"))  # its key expired while the holder was paused
+    with SyncDistributedLock(make_redis(), table="jobs", key="report") as new:
+        assert new.fencing_token > old.fencing_token
+        assert redis_db.eval(fenced_write, 1, "report:output", new.fencing_token, "newer") == 1
+        assert redis_db.eval(fenced_write, 1, "report:output", new.fencing_token, "again") == 1  # same holder
+        assert redis_db.eval(fenced_write, 1, "report:output", old.fencing_token, "stale") == 0  # refused
+    assert redis_db.hget("report:output", "value") == b"again"
+    with pytest.raises(LockLost):
+        stale.__exit__(None, None, None)
+
+
+def test_ci_makes_a_missing_redis_server_a_failure_not_a_skip(tmp_path):
+    test = "tests/stores/test_redis.py::test_check_in_points_to_fencing_tokens"
+    root = Path(__file__).resolve().parents[2]
+    outcomes = {}
+    for ci in ("true", ""):
+        env = {**os.environ, "REDIS_SERVER": str(tmp_path / "no-such-redis-server"), "CI": ci}
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test, "-rs"],
+                                cwd=root, env=env, capture_output=True, text=True, timeout=120)
+        outcomes[ci] = (result.returncode, result.stdout)
+    assert outcomes["true"][0] != 0 and "CI=true: the Redis tests must run" in outcomes["true"][1]
+    assert outcomes[""][0] == 0 and "skipped" in outcomes[""][1]
+
+
+def test_a_server_down_while_waiting_is_retried_within_the_wait_budget(core):
+    from fastlease.testing_redis import RedisServer
+
+    port = closed_port()
+    client = RedisClient(f"redis://127.0.0.1:{port}/0", _core=core)
+    failed = threading.Event()
+    call = client.store.call
+
+    def noting_failures(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except StoreError:
+            failed.set()
+            raise
+
+    client.store.call = noting_failures  # type: ignore[method-assign]
+    server = RedisServer()
+    try:
+        waiter = Waiter(client, "k")
+        assert failed.wait(BOUND_S), "the first request did not fail"
+        server.start(port=port)  # the server comes (back) while the waiter is within its budget
+        waiter.join()
+        assert waiter.token == 1
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_the_async_api_runs_on_redis(make_redis, redis_db):
+    import asyncio
+
+    from fastlease import DistributedLock
+
+    async def main() -> int:
+        async with DistributedLock(make_redis(), table="locks", key="async") as lease:
+            assert redis_db.exists(lease_key("locks", "async")) == 1
+            return int(lease.fencing_token)
+
+    assert asyncio.run(main()) == 1
+    assert redis_db.exists(lease_key("locks", "async")) == 0

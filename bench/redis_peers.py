@@ -1,0 +1,82 @@
+"""The Redis locks fastlease is compared with, behind one shape: ``GUARDS[name](redis_client, key)`` is a
+context manager that holds the lock, or raises ``NotAcquired`` after a 5 s wait. Lease 30 s everywhere.
+
+* ``redis-py``: redis-py's own ``Lock`` (SET NX PX; blocking acquire polls every 0.1 s, its default);
+* ``redis_lock``: python-redis-lock 4.0.1 (SET NX EX; waiters block on a signal list, woken by BLPOP);
+* ``article``: the seed article's hand-written lock, made synchronous: SET NX PX, polling every 50 ms,
+  and a Lua compare-and-delete on release (EVAL, as the article writes it).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+LEASE_S = 30
+WAIT_S = 5.0
+
+
+class NotAcquired(Exception):
+    """The lock was not acquired within WAIT_S."""
+
+
+@contextmanager
+def redis_py_lock(client: Any, key: str) -> Iterator[None]:
+    import redis.exceptions
+
+    lock = client.lock(f"redis-py:{key}", timeout=LEASE_S, blocking_timeout=WAIT_S)
+    try:
+        acquired = lock.acquire()
+    except redis.exceptions.LockError as error:
+        raise NotAcquired(str(error)) from error
+    if not acquired:
+        raise NotAcquired(key)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@contextmanager
+def python_redis_lock(client: Any, key: str) -> Iterator[None]:
+    import redis_lock
+
+    lock = redis_lock.Lock(client, f"redis_lock:{key}", expire=LEASE_S)
+    if not lock.acquire(blocking=True, timeout=WAIT_S):
+        raise NotAcquired(key)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+_ARTICLE_RELEASE = """
+    if redis.call('get', KEYS[1]) == ARGV[1] then
+        return redis.call('del', KEYS[1])
+    else
+        return 0
+    end
+"""
+
+
+@contextmanager
+def article_lock(client: Any, key: str) -> Iterator[None]:
+    name, value = f"lock:{key}", str(uuid.uuid4())
+    deadline = time.monotonic() + WAIT_S
+    while not client.set(name, value, nx=True, px=LEASE_S * 1000):
+        if time.monotonic() > deadline:
+            raise NotAcquired(key)
+        time.sleep(0.05)
+    try:
+        yield
+    finally:
+        client.eval(_ARTICLE_RELEASE, 1, name, value)
+
+
+GUARDS: dict[str, Callable[[Any, str], Any]] = {
+    "redis-py": redis_py_lock,
+    "redis_lock": python_redis_lock,
+    "article": article_lock,
+}
