@@ -413,3 +413,21 @@ def test_the_async_api_runs_on_redis(make_redis, redis_db):
 
     assert asyncio.run(main()) == 1
     assert redis_db.exists(lease_key("locks", "async")) == 0
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_a_client_with_its_own_protocol_and_decoding_works_the_same(make_redis, redis_db, redis_url, protocol):
+    import redis
+
+    user_client = redis.Redis.from_url(redis_url, protocol=protocol, decode_responses=True)
+    client, other = make_redis(user_client), make_redis()
+    with SyncDistributedLock(client, table="locks", key="é:k") as lease:
+        [row] = client.inspect("locks")
+        assert isinstance(row.pop("version"), str)
+        assert row == {"key": "é:k", "owner": lease.owner, "lease_ms": 30_000, "protocol": 1, "waiting": False,
+                       "fence": 1}
+        waiter = Waiter(other, "é:k")
+        wait_until(lambda: other.store.release_feed.subscribed("locks", "é:k"), "the waiter's subscription")
+    waiter.join()
+    assert waiter.token == 2 and other.store.release_feed.delivered == 1
+    user_client.close()

@@ -247,13 +247,14 @@ class RedisStore:
     def new_connection(self, resp2: bool = False) -> Any:
         """A connection with the pool's settings, owned by the caller (not checked out of the pool).
 
-        Two settings are ours: no retry (redis-py would resend a command that may have run, turning
+        Three settings are ours: replies as bytes, no retry (redis-py would resend a command that may have run, turning
         "maybe applied" into a wrong answer; the engine reconciles instead), and socket timeouts that
         are never unbounded, so that no request can hang.
         """
         redis = self._redis
         kwargs = dict(self.pool.connection_kwargs)
         kwargs["retry"] = redis.retry.Retry(redis.backoff.NoBackoff(), 0)
+        kwargs["decode_responses"] = False  # replies as bytes: we decode them, always as UTF-8
         kwargs.pop("retry_on_error", None)
         kwargs.pop("retry_on_timeout", None)
         for name in ("socket_timeout", "socket_connect_timeout"):
