@@ -104,3 +104,17 @@ class LockStore(Protocol):
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         """Strongly consistent read of the row, or None. Mistyped attributes raise MalformedLockRow."""
         ...
+
+
+class ReleaseFeed(Protocol):
+    """Optional: releases made by any process, reported to this one (Redis pub/sub). A client whose
+    store has one sets ``client._release_feed``; a waiting lease then watches its key and is woken at
+    once instead of at its next poll. Only a hint: a lost report leaves the waiter to its poll."""
+
+    def watch(self, table: str, key: str, wake: Callable[[], None]) -> Any:
+        """Call ``wake()`` whenever the key is released, until ``unwatch``. Returns a watch with
+        ``ready`` (an Event, set once reports flow) and ``was_ready`` (whether they already did: if
+        not, a release since the caller's last read may have gone unreported). Never raises or waits."""
+        ...
+
+    def unwatch(self, watch: Any) -> None: ...
