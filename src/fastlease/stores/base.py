@@ -12,7 +12,7 @@ dropped response), so the engine knows to reconcile it with a consistent read.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Protocol
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 
 class LockRow(NamedTuple):

@@ -301,6 +301,8 @@ class RedisStore:
                     key=key, maybe_committed=True,
                 )
             return connection.read_response()
+        except redis.exceptions.NoScriptError:
+            raise  # not run: run_script loads the script and sends it again
         except redis.exceptions.AuthenticationError as error:
             raise StoreRequestRejected(f"Redis refused the credentials ({self.describe()}): {error}",
                                        key=key) from error
@@ -317,8 +319,6 @@ class RedisStore:
         redis = self._redis
         text = str(error)
         first = text.split(" ", 1)[0]
-        if isinstance(error, redis.exceptions.NoScriptError):
-            return error  # handled by run_script
         if first == "WRONGTYPE":
             return MalformedLockRow(f"Redis key of {key!r} holds something that is not a lease: {text}", key=key)
         if first in _TRANSIENT_REPLIES or isinstance(
