@@ -194,3 +194,32 @@ def commit_after_stop(endpoint: str, table: str, results_table: str, key: str, l
         out.send(("done", os.getpid(), outcomes))
     except BaseException:  # noqa: BLE001 - reported to the parent
         _report_error(out)
+
+
+def idempotent_once(endpoint: str, table: str, key: str, hold_s: float, lease_s: float,
+                    out: Any, ctl: Any) -> None:
+    """Call an idempotent operation on ``key`` once, when told "go". The handler reports
+    ("running", pid, None) and works for ``hold_s``. Reports ("done", pid, (executed, result))."""
+    try:
+        from fastlease.idempotency import IdempotentCall
+
+        client = fastlease_client(endpoint)
+        try:
+            out.send(("ready", os.getpid()))
+            if _wait_message(ctl) != "go":
+                raise RuntimeError("expected 'go'")
+            with IdempotentCall(client, table=table, key=key, payload={"amount": 10}, lease_duration=lease_s,
+                                wait=CONTEND_WAIT_S) as call:
+                if call.replayed:
+                    outcome = (False, call.result)
+                else:
+                    out.send(("running", os.getpid(), None))
+                    time.sleep(hold_s)  # the handler's work (the parent may SIGKILL us here)
+                    result = {"charged_by": os.getpid()}
+                    call.complete(result)
+                    outcome = (True, result)
+            out.send(("done", os.getpid(), outcome))
+        finally:
+            client.close()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        _report_error(out)

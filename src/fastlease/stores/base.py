@@ -118,3 +118,37 @@ class ReleaseFeed(Protocol):
         ...
 
     def unwatch(self, watch: Any) -> None: ...
+
+
+class Record(NamedTuple):
+    """An idempotency record as stored (in a table of its own, never a lock table).
+
+    ``state`` is ``"COMPLETED"`` or ``"FAILED"`` (an in-flight call is a held lease, not a record);
+    ``fingerprint`` hashes the call's payload; ``result`` is the serialised result or failure;
+    ``expires_at_ms`` is the wall-clock expiry in Unix milliseconds, 0 for never.
+    """
+
+    state: str
+    fingerprint: str
+    result: bytes
+    expires_at_ms: int
+
+
+class RecordStore(Protocol):
+    """The two single atomic operations idempotency adds to a store."""
+
+    #: The largest serialised result a record can hold on this store (None: no limit of its own).
+    max_result_bytes: Optional[int]
+
+    def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
+        """Strongly consistent read of the record, or None. Expired records may be returned: the
+        caller compares ``expires_at_ms`` (stores with native expiry also drop them on their own)."""
+        ...
+
+    def write_record_if_owner(
+        self, lock_table: str, key: str, owner: str, table: str, record: Record, timeout_s: float
+    ) -> bool:
+        """Store ``record`` (replacing any) only while ``owner`` holds the lease on ``key`` in
+        ``lock_table``, atomically with that check; False if it does not. Writing the same record
+        again is harmless, so a write that may have committed is simply sent again."""
+        ...

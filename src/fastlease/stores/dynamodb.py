@@ -25,12 +25,14 @@ request with no SDK retries and a per-request timeout, and classifies failures:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from typing import Any, Callable, Optional
 
 from ..client import LeaseClient
 from ..exceptions import MalformedLockRow, StoreError, StoreRequestRejected
-from .base import LockRow, UsageMeter
+from .base import NO_USAGE, LockRow, Record, UsageMeter
 
 __all__ = ["DynamoDBClient", "DynamoDBStore", "Boto3Transport"]
 
@@ -172,6 +174,7 @@ _METHODS = {
     "UpdateItem": "update_item",
     "DeleteItem": "delete_item",
     "GetItem": "get_item",
+    "TransactWriteItems": "transact_write_items",
 }
 
 
@@ -349,6 +352,55 @@ class DynamoDBStore:
         return None if item is None else parse_row(item, key)
 
 
+    # ---- idempotency records ------------------------------------------------------------------
+    #: DynamoDB items are at most 400 KB, attribute names and the key included. The result is kept as
+    #: base64 text (an S attribute reads the same through boto3 and the fast path), 4/3 of its size.
+    max_result_bytes = 290_000
+
+    def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
+        params = {"TableName": table, "Key": {"key": {"S": key}}, "ConsistentRead": True}
+        item = self._send("GetItem", params, timeout_s, NO_USAGE, key).get("Item")
+        if item is None:
+            return None
+        try:
+            return Record(item["state"]["S"], item["fingerprint"]["S"],
+                          base64.b64decode(item["result"]["S"], validate=True), int(item["expires_at_ms"]["N"]))
+        except (KeyError, TypeError, ValueError, binascii.Error) as error:
+            raise MalformedLockRow(f"idempotency record of {key!r} in {table!r} is malformed", key=key) from error
+
+    def write_record_if_owner(
+        self, lock_table: str, key: str, owner: str, table: str, record: Record, timeout_s: float
+    ) -> bool:
+        item = {
+            "key": {"S": key},
+            "state": {"S": record.state},
+            "fingerprint": {"S": record.fingerprint},
+            "result": {"S": base64.b64encode(record.result).decode()},
+            "expires_at_ms": {"N": str(record.expires_at_ms)},
+        }
+        if record.expires_at_ms:
+            item["expires_at"] = {"N": str(record.expires_at_ms // 1000 + 1)}  # the table's TTL attribute (s)
+        params = {"TransactItems": [
+            {"ConditionCheck": {"TableName": lock_table, "Key": {"key": {"S": key}},
+                                "ConditionExpression": OWNER_CONDITION, "ExpressionAttributeNames": dict(_OWNER_NAMES),
+                                "ExpressionAttributeValues": {":owner": {"S": owner}}}},
+            {"Put": {"TableName": table, "Item": item}},
+        ]}
+        try:
+            self.transport.call("TransactWriteItems", params, timeout_s)
+        except ServiceError as error:
+            if error.code == "TransactionCanceledException" and "ConditionalCheckFailed" in error.message:
+                return False
+            if error.code in ("TransactionCanceledException", "TransactionConflictException",
+                              "TransactionInProgressException", *THROTTLING_CODES):
+                raise StoreError(f"DynamoDB TransactWriteItems on {key!r}: {error}", key=key) from error
+            if error.code in SERVER_ERROR_CODES or error.status >= 500:
+                raise StoreError(f"DynamoDB TransactWriteItems on {key!r} failed: {error}", key=key,
+                                 maybe_committed=True) from error
+            raise StoreRequestRejected(f"DynamoDB rejected the record of {key!r}: {error}", key=key) from error
+        return True
+
+
 class DynamoDBClient(LeaseClient):
     """A lease client on DynamoDB (the production store).
 
@@ -460,6 +512,14 @@ class DynamoDBClient(LeaseClient):
     def create_lock_table(self, name: str, *, wait: bool = True) -> None:
         """Create a lock table: string partition key ``key``, no sort key, on-demand, TTL disabled."""
         self.sync_create_table(name, partition_key=("key", "S"), wait=wait)
+
+    def create_idempotency_table(self, name: str, *, wait: bool = True) -> None:
+        """Create an idempotency record table (never a lock table): partition key ``key``, on-demand,
+        with DynamoDB's TTL on ``expires_at`` (Unix seconds) so expired records are deleted for free."""
+        self.sync_create_table(name, partition_key=("key", "S"), wait=wait)
+        self.boto3_client.update_time_to_live(
+            TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"}
+        )
 
     def lock_table_exists(self, name: str) -> bool:
         """True if the table exists (in any status)."""

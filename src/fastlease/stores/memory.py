@@ -12,7 +12,7 @@ import threading
 from typing import Any, Optional
 
 from ..client import LeaseClient
-from .base import LockRow, UsageMeter
+from .base import LockRow, Record, UsageMeter
 
 __all__ = ["MemoryClient", "MemoryStore"]
 
@@ -27,6 +27,7 @@ class MemoryStore:
         # Fencing tokens per (table, key): incremented by every acquisition and takeover, kept across
         # release, as the SQLite store keeps them.
         self._fences: dict[tuple[str, str], int] = {}
+        self._records: dict[tuple[str, str], Record] = {}  # idempotency records by (table, key)
         self._lock = threading.Lock()
         #: Optional fault hook: ``faults.run(operation, apply, args, timeout_s)``.
         self.faults: Optional[Any] = None
@@ -140,6 +141,23 @@ class MemoryStore:
         return self.faults.run("read", self._rows.get, ((table, key),), timeout_s)  # type: ignore[no-any-return]
 
     # ---- direct access for tests and tools ------------------------------------------------------
+    # ---- idempotency records (no fault hook: the engine's reconciliation is what faults test) ----
+    max_result_bytes = None
+
+    def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
+        with self._lock:
+            return self._records.get((table, key))
+
+    def write_record_if_owner(
+        self, lock_table: str, key: str, owner: str, table: str, record: Record, timeout_s: float
+    ) -> bool:
+        with self._lock:
+            row = self._rows.get((lock_table, key))
+            if row is None or row.owner != owner:
+                return False
+            self._records[(table, key)] = record
+            return True
+
     def rows(self, table: str) -> dict[str, LockRow]:
         """A snapshot of the table's rows by key."""
         with self._lock:

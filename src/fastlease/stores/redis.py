@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 
 from ..client import LeaseClient
 from ..exceptions import MalformedLockRow, StoreError, StoreRequestRejected
-from .base import NO_USAGE, LockRow, UsageMeter
+from .base import NO_USAGE, LockRow, Record, UsageMeter
 
 __all__ = ["RedisClient", "RedisStore", "RedisReleaseFeed", "PREFIX"]
 
@@ -112,8 +112,20 @@ if seen[2] == '1' then return 2 end
 return 1
 """
 
+#: Write an idempotency record. KEYS: lease, record. ARGV: owner, state, fingerprint, result,
+#: expires_at_ms, px (0: no expiry). Replaces the record only while ``owner`` holds the lease;
+#: returns 1, or 0.
+WRITE_RECORD = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'state', ARGV[2], 'fingerprint', ARGV[3], 'result', ARGV[4],
+           'expires_at_ms', ARGV[5])
+if ARGV[6] ~= '0' then redis.call('PEXPIRE', KEYS[2], ARGV[6]) end
+return 1
+"""
+
 SCRIPTS = {"ACQUIRE": ACQUIRE, "TAKE_OVER": TAKE_OVER, "RENEW": RENEW, "MARK_WAITING": MARK_WAITING,
-           "RELEASE": RELEASE}
+           "RELEASE": RELEASE, "WRITE_RECORD": WRITE_RECORD}
 
 
 class _Script:
@@ -127,7 +139,7 @@ class _Script:
         self.sha = hashlib.sha1(self.source).hexdigest().encode()
 
 
-_ACQUIRE, _TAKE_OVER, _RENEW, _MARK_WAITING, _RELEASE = (_Script(n, s) for n, s in SCRIPTS.items())
+_ACQUIRE, _TAKE_OVER, _RENEW, _MARK_WAITING, _RELEASE, _WRITE_RECORD = (_Script(n, s) for n, s in SCRIPTS.items())
 
 #: Bound for socket reads and connects when the client's settings leave them unbounded; a request's
 #: own timeout (``timeout_s``) is applied to waiting for its reply.
@@ -151,6 +163,11 @@ def lease_key(table: str, key: str) -> bytes:
 
 def fence_key(table: str, key: str) -> bytes:
     return f"{PREFIX}:{table}:fence:".encode() + key.encode("utf-8")
+
+
+def record_key(table: str, key: str) -> bytes:
+    """The Redis key of the idempotency record of ``key`` in record table ``table``."""
+    return f"{PREFIX}:{table}:record:".encode() + key.encode("utf-8")
 
 
 def release_channel(table: str, key: str) -> bytes:
@@ -383,6 +400,31 @@ class RedisStore:
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         return _row(self.call(key, timeout_s, b"HGETALL", lease_key(table, key)), key)
+
+    # ---- idempotency records ------------------------------------------------------------------
+    max_result_bytes = 100_000_000  # Redis takes values up to 512 MB; this keeps a reply reasonable
+
+    def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
+        fields = _fields(self.call(key, timeout_s, b"HGETALL", record_key(table, key)))
+        if not fields:
+            return None
+        expires = _integer(fields.get("expires_at_ms"))
+        state, fingerprint = _text(fields.get("state")), _text(fields.get("fingerprint"))
+        result = fields.get("result")
+        if type(expires) is not int or not isinstance(state, str) or not isinstance(fingerprint, str) or \
+                not isinstance(result, bytes):
+            raise MalformedLockRow(f"idempotency record of {key!r} in {table!r} is malformed", key=key)
+        return Record(state, fingerprint, result, expires)
+
+    def write_record_if_owner(
+        self, lock_table: str, key: str, owner: str, table: str, record: Record, timeout_s: float
+    ) -> bool:
+        px = 0
+        if record.expires_at_ms:
+            px = max(1, record.expires_at_ms - int(time.time() * 1000))  # native expiry, the server's clock
+        keys = (lease_key(lock_table, key), record_key(table, key))
+        args = (owner, record.state, record.fingerprint, record.result, record.expires_at_ms, px)
+        return self.run_script(_WRITE_RECORD, key, timeout_s, keys, args) == 1
 
     def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
         """Held leases of ``table`` (or only ``key``'s), as stored. SCAN, then one HGETALL each."""

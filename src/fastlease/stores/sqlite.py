@@ -23,11 +23,12 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from typing import Any, Optional
 
 from ..client import LeaseClient
 from ..exceptions import LockLost, StoreError, StoreRequestRejected
-from .base import LockRow, UsageMeter
+from .base import LockRow, Record, UsageMeter
 
 __all__ = ["SQLiteClient", "SQLiteStore"]
 
@@ -67,6 +68,23 @@ _FREE = """UPDATE "{name}" SET owner = NULL, version = NULL, waiting = 0 WHERE k
 #: check_in: a write (so the caller's transaction holds SQLite's one write lock from here to its
 #: commit) that changes nothing and matches only while we own the row.
 _CHECK_IN = """UPDATE "{name}" SET owner = owner WHERE key = ? AND owner = ?"""
+
+#: One idempotency record table (``fastlease_record_<table>``): a row per key, written only under the lease.
+_RECORD_PREFIX = "fastlease_record_"
+_CREATE_RECORDS = """CREATE TABLE IF NOT EXISTS "{name}" (
+    key           TEXT PRIMARY KEY NOT NULL,
+    state         TEXT NOT NULL,
+    fingerprint   TEXT NOT NULL,
+    result        BLOB NOT NULL,
+    expires_at_ms INTEGER NOT NULL
+) WITHOUT ROWID"""
+_READ_RECORD = """SELECT state, fingerprint, result, expires_at_ms FROM "{name}" WHERE key = ?"""
+_WRITE_RECORD = """INSERT OR REPLACE INTO "{name}" (key, state, fingerprint, result, expires_at_ms)
+VALUES (?, ?, ?, ?, ?)"""
+_OWNER_OF = """SELECT owner FROM "{name}" WHERE key = ?"""
+#: Expired records are removed by the writes of their table, a few at a time (no background job).
+_PURGE_RECORDS = """DELETE FROM "{name}" WHERE key IN (SELECT key FROM "{name}"
+WHERE expires_at_ms > 0 AND expires_at_ms < ? LIMIT 16)"""
 
 _ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
@@ -129,6 +147,7 @@ class SQLiteStore:
             raise ValueError(f"SQLite lock file {self.path!r} is a directory")
         self._local = threading.local()  # one connection per thread (the renewal workers have their own)
         self._tables: set[str] = set()  # lock tables known to exist (CREATE ... IF NOT EXISTS is idempotent)
+        self._record_tables: set[str] = set()  # idempotency record tables known to exist
         try:
             connection = self._connection()
             # WAL: readers (polling waiters) never block the writer. Persistent in the file.
@@ -151,14 +170,14 @@ class SQLiteStore:
             self._local.busy_ms = 5000  # sqlite3.connect's default timeout of 5 s
         return connection
 
-    def _prepared(self, table: str, timeout_s: float) -> sqlite3.Connection:
+    def _prepared(self, table: Optional[str], timeout_s: float) -> sqlite3.Connection:
         """This thread's connection, with the busy timeout of this request and the table created."""
         connection = self._connection()
         busy_ms = max(1, int(timeout_s * 1000))
         if busy_ms != self._local.busy_ms:
             connection.execute(f"PRAGMA busy_timeout={busy_ms}")  # an int, not user input
             self._local.busy_ms = busy_ms
-        if table not in self._tables:
+        if table is not None and table not in self._tables:
             connection.execute(_CREATE.format(name=sql_table_name(table)))
             self._tables.add(table)
         return connection
@@ -166,6 +185,13 @@ class SQLiteStore:
     def _run(self, table: str, key: str, timeout_s: float, action: Any) -> Any:
         try:
             return action(self._prepared(table, timeout_s), _PREFIX + table)
+        except sqlite3.DatabaseError as error:
+            raise self._classify(error, key) from error
+
+    def _run_plain(self, key: str, timeout_s: float, action: Any) -> Any:
+        """``action(connection)`` with this request's busy timeout, without touching any lock table."""
+        try:
+            return action(self._prepared(None, timeout_s))
         except sqlite3.DatabaseError as error:
             raise self._classify(error, key) from error
 
@@ -253,6 +279,42 @@ class SQLiteStore:
             lambda connection, name: connection.execute(_READ.format(name=name), (key,)).fetchone(),
         )
         return None if found is None else _row(found)
+
+    # ---- idempotency records ------------------------------------------------------------------
+    max_result_bytes = 100_000_000  # well under SQLite's default 1 GB limit on a value
+
+    def _records_table(self, connection: sqlite3.Connection, table: str) -> str:
+        """The SQL table of record table ``table``, created on first use."""
+        name = _RECORD_PREFIX + sql_table_name(table)[len(_PREFIX):]
+        if table not in self._record_tables:
+            connection.execute(_CREATE_RECORDS.format(name=name))
+            self._record_tables.add(table)
+        return name
+
+    def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
+        def read(connection: sqlite3.Connection) -> Any:
+            return connection.execute(_READ_RECORD.format(name=self._records_table(connection, table)),
+                                      (key,)).fetchone()
+
+        found = self._run_plain(key, timeout_s, read)
+        return None if found is None else Record(found[0], found[1], bytes(found[2]), found[3])
+
+    def write_record_if_owner(
+        self, lock_table: str, key: str, owner: str, table: str, record: Record, timeout_s: float
+    ) -> bool:
+        records = self._run_plain(key, timeout_s, lambda connection: self._records_table(connection, table))
+
+        def write(connection: sqlite3.Connection, locks: str) -> bool:
+            held = connection.execute(_OWNER_OF.format(name=locks), (key,)).fetchone()
+            if held is None or held[0] != owner:
+                return False
+            connection.execute(_WRITE_RECORD.format(name=records), (key, *record))
+            connection.execute(_PURGE_RECORDS.format(name=records), (int(time.time() * 1000),))
+            return True
+
+        result: bool = self._run(lock_table, key, timeout_s,
+                                 lambda connection, locks: _immediately(connection, locks, write))
+        return result
 
     def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
         """Held rows of ``table`` (or ``key``'s), fence included. Never creates the table."""

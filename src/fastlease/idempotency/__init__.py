@@ -1,0 +1,519 @@
+"""Idempotency keys on the lease engine: a call runs once per key, and its duplicates get its result.
+
+A call with key K goes through three states:
+
+* **PROCESSING** while it runs. That is a real lease on K in the *lock table*: claimed atomically,
+  renewed in the background while the handler runs, and taken over after one lease if the handler's
+  process dies, exactly like a lock. Nothing else is written while a call is in flight.
+* **COMPLETED**: the serialised result, written to the *record table* (never the lock table) only
+  while the lease is still ours, atomically with that check (a DynamoDB transaction, one SQLite
+  ``BEGIN IMMEDIATE``, one Redis script, one critical section in memory). A call whose lease was
+  taken over can never overwrite its successor's record.
+* **FAILED**: a terminal failure (an exception outside ``retry_on``), stored the same way and replayed
+  as :class:`IdempotentCallFailed`. Exceptions in ``retry_on`` (by default every ``Exception``) store
+  nothing: the key is released and the next call runs again.
+
+A duplicate reads the record first (one read: that is the whole cost of a replay). If there is none
+and the lease is held, it raises :class:`IdempotencyInProgress` with a ``retry_after`` estimate, or
+with ``wait=`` waits for the lease and then replays the result. A payload whose fingerprint differs
+from the completed call's raises :class:`IdempotencyKeyMismatch`.
+
+Records expire ``ttl`` seconds after completion (the DynamoDB TTL attribute ``expires_at``, Redis PX,
+an expiry column on SQLite and in memory; an expired record is ignored even before the store drops it).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import math
+from types import TracebackType
+from typing import Any, Callable, Optional, Type, TypeVar
+
+from ..client import LeaseClient
+from ..exceptions import FastleaseError, LockLost, LockNotAcquired, StoreError
+from ..lock import DEFAULT_LEASE_DURATION, SyncDistributedLock, check_client
+from ..stores.base import Record
+
+__all__ = [
+    "AsyncIdempotentCall",
+    "IdempotencyError",
+    "IdempotencyInProgress",
+    "IdempotencyKeyMismatch",
+    "IdempotencyResultTooLarge",
+    "IdempotentCall",
+    "IdempotentCallFailed",
+    "JSONSerializer",
+    "idempotent",
+    "payload_fingerprint",
+]
+
+_log = logging.getLogger("fastlease.idempotency")
+
+COMPLETED = "COMPLETED"
+FAILED = "FAILED"
+#: How long COMPLETED and FAILED records are kept by default (24 h).
+DEFAULT_TTL = 86_400.0
+#: ``IdempotencyInProgress.retry_after`` when nothing better is known.
+RETRY_AFTER_S = 1.0
+#: Attempts at writing a record when the store does not answer (the write is idempotent, so a
+#: retry after a timeout is safe); each is bounded by the lease's request timeout.
+WRITE_ATTEMPTS = 3
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+class IdempotencyError(FastleaseError):
+    """Root of the idempotency outcomes."""
+
+
+class IdempotencyInProgress(IdempotencyError):
+    """Another call with this key is running. ``retry_after`` (seconds) is when to try again."""
+
+    def __init__(self, message: str, *, key: str, retry_after: float) -> None:
+        super().__init__(message, key=key)
+        self.retry_after = retry_after
+
+
+class IdempotencyKeyMismatch(IdempotencyError):
+    """The key was used before with a different payload (fingerprints differ)."""
+
+
+class IdempotencyResultTooLarge(IdempotencyError, ValueError):
+    """The serialised result exceeds what the store can keep in one record. Nothing was stored; the
+    key is released, so a retry runs the call again."""
+
+
+class IdempotentCallFailed(IdempotencyError):
+    """Replay of a call that failed terminally: ``error_type`` and ``error_message`` of its exception."""
+
+    def __init__(self, message: str, *, key: str, error_type: str, error_message: str) -> None:
+        super().__init__(message, key=key)
+        self.error_type = error_type
+        self.error_message = error_message
+
+
+# ---------------------------------------------------------------------------------------------
+# Serialising and fingerprints
+# ---------------------------------------------------------------------------------------------
+class JSONSerializer:
+    """The default serialiser: JSON (UTF-8). Any object with ``dumps(value) -> bytes`` and
+    ``loads(bytes) -> value`` can replace it. A replayed result is what ``loads`` returns (a tuple
+    comes back as a list)."""
+
+    def dumps(self, value: Any) -> bytes:
+        try:
+            return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"the result is not JSON-serialisable ({error}); return JSON data or pass serializer="
+            ) from error
+
+    def loads(self, data: bytes) -> Any:
+        return json.loads(data.decode("utf-8"))
+
+
+JSON = JSONSerializer()
+
+
+def payload_fingerprint(payload: Any) -> str:
+    """A stable hash of a payload: SHA-256 of the bytes, or of canonical JSON (sorted keys, no spaces)."""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        data = bytes(payload)
+    else:
+        try:
+            data = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"the idempotency payload must be bytes or JSON data (dict, list, str, int, float, bool, None): "
+                f"{error}; choose the fields that identify the request with payload="
+            ) from error
+    return hashlib.sha256(data).hexdigest()
+
+
+def _check_duration(name: str, value: Any, *, allow_none: bool = False, allow_zero: bool = False) -> Optional[float]:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+            value < 0 or (value == 0 and not allow_zero) or value > 365 * 86_400:
+        raise ValueError(f"{name} must be a number of seconds in {'0' if allow_zero else '(0'}-1 year], "
+                         f"got {value!r}")
+    return float(value)
+
+
+def _check_retry_on(retry_on: Any) -> tuple:
+    if isinstance(retry_on, type):
+        retry_on = (retry_on,)
+    if not isinstance(retry_on, tuple) or not all(isinstance(t, type) and issubclass(t, BaseException)
+                                                  for t in retry_on):
+        raise TypeError(f"retry_on must be an exception class or a tuple of them, got {retry_on!r}")
+    return retry_on
+
+
+# ---------------------------------------------------------------------------------------------
+# One call
+# ---------------------------------------------------------------------------------------------
+_NO_PAYLOAD = object()
+
+
+class _CallSpec:
+    """What every call of one idempotent operation shares (validated once)."""
+
+    __slots__ = ("client", "store", "table", "lock_table", "lease_duration", "wait", "ttl", "serializer",
+                 "retry_on")
+
+    def __init__(self, client: LeaseClient, table: str, lock_table: Optional[str], lease_duration: float,
+                 wait: float, ttl: Optional[float], serializer: Any, retry_on: Any) -> None:
+        check_client(client)
+        core = client._core
+        self.client = client
+        self.store = client._store
+        if not hasattr(self.store, "write_record_if_owner"):
+            raise TypeError(f"{type(client).__name__} has no idempotency records")
+        self.table = core.check_table(table)
+        self.lock_table = core.check_table(lock_table if lock_table is not None else f"{table}_locks")
+        if self.lock_table == self.table:
+            raise ValueError(f"the lock table and the record table must differ, both are {table!r}")
+        self.lease_duration = lease_duration
+        self.wait = _check_duration("wait", wait, allow_zero=True)
+        self.ttl = _check_duration("ttl", ttl, allow_none=True)
+        if not (callable(getattr(serializer, "dumps", None)) and callable(getattr(serializer, "loads", None))):
+            raise TypeError(f"serializer needs dumps(value) -> bytes and loads(bytes) -> value, got {serializer!r}")
+        self.serializer = serializer
+        self.retry_on = _check_retry_on(retry_on)
+
+
+class IdempotentCall:
+    """One idempotent call, as a ``with`` block (the decorator is built on it)::
+
+        with IdempotentCall(client, table="payments", key=f"payment:{key}", payload=body) as call:
+            if call.replayed:
+                return call.result              # the first call's result (or its failure, raised)
+            receipt = charge(body)
+            call.complete(receipt)              # stored only while our lease is still valid
+            return receipt
+
+    Leaving the block without ``complete`` stores ``None`` as the result; leaving it with an exception
+    applies the failure policy (``retry_on``). On DynamoDB the completion can join your own
+    transaction: ``call.check_in(tx)`` then ``call.complete_in(tx, result)``.
+    """
+
+    def __init__(
+        self,
+        client: LeaseClient,
+        *,
+        table: str,
+        key: str,
+        payload: Any = _NO_PAYLOAD,
+        fingerprint: Optional[str] = None,
+        lock_table: Optional[str] = None,
+        lease_duration: float = DEFAULT_LEASE_DURATION,
+        wait: float = 0.0,
+        ttl: Optional[float] = DEFAULT_TTL,
+        serializer: Any = JSON,
+        retry_on: Any = (Exception,),
+    ) -> None:
+        spec = _CallSpec(client, table, lock_table, lease_duration, wait, ttl, serializer, retry_on)
+        self._init(spec, key, _fingerprint(payload, fingerprint))
+
+    @classmethod
+    def _from_spec(cls, spec: _CallSpec, key: str, fingerprint: str) -> "IdempotentCall":
+        call = cls.__new__(cls)
+        call._init(spec, key, fingerprint)
+        return call
+
+    def _init(self, spec: _CallSpec, key: str, fingerprint: str) -> None:
+        self._spec = spec
+        self.key = spec.client._core.check_key(key)
+        self.fingerprint = fingerprint
+        self._lock = SyncDistributedLock(spec.client, table=spec.lock_table, key=key,
+                                         lease_duration=spec.lease_duration, wait_timeout=spec.wait)
+        self.replayed = False
+        self.result: Any = None
+        self.state = "NEW"  # NEW -> PROCESSING -> COMPLETED | FAILED | RELEASED; or REPLAYED
+
+    def __repr__(self) -> str:
+        return f"<IdempotentCall table={self._spec.table!r} key={self.key!r} state={self.state.lower()}>"
+
+    # ---- steps (shared by the sync and async forms) --------------------------------------------
+    def _now_ms(self) -> int:
+        return int(self._spec.client._clock.time_ns() // 1_000_000)
+
+    def _lookup(self) -> bool:
+        """Read the record; True (and the call replayed) if there is a live one."""
+        spec = self._spec
+        record = spec.store.read_record(spec.table, self.key, self._timeout_s())
+        if record is None or (record.expires_at_ms and record.expires_at_ms <= self._now_ms()):
+            return False
+        if record.fingerprint and self.fingerprint and record.fingerprint != self.fingerprint:
+            raise IdempotencyKeyMismatch(
+                f"idempotency key {self.key!r} was used with a different payload", key=self.key
+            )
+        if record.state == COMPLETED:
+            self.result = spec.serializer.loads(record.result)
+        elif record.state == FAILED:
+            failure = json.loads(record.result.decode("utf-8"))
+            self.state = "REPLAYED"
+            self.replayed = True
+            raise IdempotentCallFailed(
+                f"the call with idempotency key {self.key!r} failed before: {failure['type']}: {failure['message']}",
+                key=self.key, error_type=failure["type"], error_message=failure["message"],
+            )
+        else:
+            raise IdempotencyError(f"idempotency record of {self.key!r} has unknown state {record.state!r}",
+                                   key=self.key)
+        self.state = "REPLAYED"
+        self.replayed = True
+        return True
+
+    def _in_progress(self, error: LockNotAcquired) -> IdempotencyInProgress:
+        return IdempotencyInProgress(
+            f"a call with idempotency key {self.key!r} is in progress", key=self.key, retry_after=RETRY_AFTER_S
+        )
+
+    def _timeout_s(self) -> float:
+        return min(self._spec.lease_duration / 3, 5.0)
+
+    def _write(self, state: str, data: bytes) -> None:
+        """Store the record under our lease; LockLost if the lease is no longer ours."""
+        spec = self._spec
+        limit = spec.store.max_result_bytes
+        if limit is not None and len(data) > limit:
+            raise IdempotencyResultTooLarge(
+                f"the result of {self.key!r} is {len(data):,} bytes serialised; {type(spec.client).__name__} "
+                f"records hold at most {limit:,}. Nothing was stored and the key is released",
+                key=self.key,
+            )
+        expires = self._now_ms() + int(spec.ttl * 1000) if spec.ttl is not None else 0
+        record = Record(state, self.fingerprint, data, expires)
+        lease = self._lock
+        for attempt in range(WRITE_ATTEMPTS):
+            lease.raise_if_lost()  # never write on a lapsed lease: a successor may be running
+            try:
+                written = spec.store.write_record_if_owner(spec.lock_table, self.key, lease.owner, spec.table,
+                                                           record, self._timeout_s())
+                break
+            except StoreError:
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise
+        if not written:
+            lease._lease.note_stolen()
+            raise LockLost(
+                f"the lease on {self.key!r} was taken over before its result was stored: the call may run "
+                "again", key=self.key, cause="stolen",
+            )
+        self.state = state
+
+    def complete(self, result: Any) -> None:
+        """Store ``result`` as this call's outcome (once; only while the lease is ours)."""
+        if self.state != "PROCESSING":
+            raise RuntimeError(f"complete() needs a call in progress, this one is {self.state.lower()}")
+        self._write(COMPLETED, self._spec.serializer.dumps(result))
+        self.result = result
+
+    def check_in(self, transaction: Any) -> None:
+        """Add this call's ownership check to your DynamoDB transaction (see ``complete_in``)."""
+        self._lock.check_in(transaction)
+
+    def complete_in(self, transaction: Any, result: Any) -> None:
+        """Add the COMPLETED record to your DynamoDB transaction, so that your writes and the
+        completion commit together (call ``check_in(transaction)`` too). Once the transaction has
+        committed, leaving the block only releases the lease."""
+        if self.state != "PROCESSING":
+            raise RuntimeError(f"complete_in() needs a call in progress, this one is {self.state.lower()}")
+        data = self._spec.serializer.dumps(result)
+        expires = self._now_ms() + int(self._spec.ttl * 1000) if self._spec.ttl is not None else 0
+        item: dict[str, Any] = {"key": self.key, "state": COMPLETED, "fingerprint": self.fingerprint,
+                                "result": base64.b64encode(data).decode(), "expires_at_ms": expires}
+        if expires:
+            item["expires_at"] = expires // 1000 + 1
+        transaction.put(self._spec.table, item)
+        self._transaction = transaction
+        self.result = result
+        self.state = "COMPLETING"
+
+    def _finish(self, exc: Optional[BaseException]) -> None:
+        """The block is over: record the outcome per the failure policy (the lease is still held)."""
+        if self.state == "COMPLETING":
+            if exc is None and getattr(self._transaction, "_committed", False):
+                self.state = COMPLETED
+            return
+        if self.state != "PROCESSING":
+            return
+        if exc is None:
+            self.complete(None)
+        elif isinstance(exc, Exception) and not isinstance(exc, self._spec.retry_on):
+            failure = {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": str(exc)}
+            self._write(FAILED, json.dumps(failure).encode("utf-8"))
+
+    # ---- the sync form ----------------------------------------------------------------------
+    def __enter__(self) -> "IdempotentCall":
+        if self.state != "NEW":
+            raise RuntimeError("idempotent calls are single-use: create one per call")
+        if self._lookup():
+            return self
+        try:
+            self._lock.__enter__()
+        except LockNotAcquired as error:
+            if self._spec.wait and self._lookup():  # the first call finished while we waited
+                return self
+            raise self._in_progress(error) from None
+        try:
+            if self._lookup():  # completed between our read and our lease
+                self._lock.__exit__(None, None, None)
+                return self
+        except BaseException:
+            self._lock.__exit__(None, None, None)
+            raise
+        self.state = "PROCESSING"
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        if self.replayed:
+            return
+        try:
+            self._finish(exc)
+        finally:
+            self._release(exc)
+
+    def _release(self, exc: Optional[BaseException]) -> None:
+        recorded = self.state in (COMPLETED, FAILED)
+        if self.state == "PROCESSING" or self.state == "COMPLETING":
+            self.state = "RELEASED"
+        try:
+            self._lock.__exit__(type(exc) if exc else None, exc, None)
+        except LockLost:
+            if not recorded:
+                raise
+            # The outcome is stored: whoever holds the key now reads it and replays it.
+            _log.debug("lease on %r lost after its record was stored", self.key)
+
+
+class AsyncIdempotentCall:
+    """``async with`` form of :class:`IdempotentCall`: each step runs on the client's worker threads;
+    ``await call.complete(result)``. Same arguments."""
+
+    def __init__(self, client: LeaseClient, **options: Any) -> None:
+        self._call = IdempotentCall(client, **options)
+
+    @classmethod
+    def _wrap(cls, call: IdempotentCall) -> "AsyncIdempotentCall":
+        wrapper = cls.__new__(cls)
+        wrapper._call = call
+        return wrapper
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._call, name)
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        import asyncio
+
+        return await asyncio.wrap_future(self._call._spec.client._async_executor().submit(fn, *args))
+
+    async def __aenter__(self) -> "AsyncIdempotentCall":
+        await self._run(self._call.__enter__)
+        return self
+
+    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                        tb: Optional[TracebackType]) -> None:
+        await self._run(self._call.__exit__, exc_type, exc, tb)
+
+    async def complete(self, result: Any) -> None:
+        await self._run(self._call.complete, result)
+
+
+def _fingerprint(payload: Any, fingerprint: Optional[str]) -> str:
+    if fingerprint is not None:
+        if payload is not _NO_PAYLOAD:
+            raise TypeError("pass payload= or fingerprint=, not both")
+        if not isinstance(fingerprint, str) or len(fingerprint) > 256:
+            raise TypeError(f"fingerprint must be a str of at most 256 characters, got {fingerprint!r:.80}")
+        return fingerprint
+    return "" if payload is _NO_PAYLOAD else payload_fingerprint(payload)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decorator
+# ---------------------------------------------------------------------------------------------
+def idempotent(
+    client: LeaseClient,
+    *,
+    table: str,
+    key: str,
+    payload: Any = None,
+    lock_table: Optional[str] = None,
+    lease_duration: float = DEFAULT_LEASE_DURATION,
+    wait: float = 0.0,
+    ttl: Optional[float] = DEFAULT_TTL,
+    serializer: Any = JSON,
+    retry_on: Any = (Exception,),
+) -> Callable[[F], F]:
+    """Run each call once per resolved ``key`` (a template over the arguments, as for locks); a
+    duplicate returns the stored result.
+
+    ``payload`` chooses what the fingerprint covers: None (every argument, by name), a tuple of
+    argument names, or False (no fingerprint). The other options are as for :class:`IdempotentCall`.
+    Works on ``def`` and ``async def``; the first call returns its own result, replays return
+    ``serializer.loads`` of the stored one.
+    """
+    from ..decorator import _bind_template
+
+    spec = _CallSpec(client, table, lock_table, lease_duration, wait, ttl, serializer, retry_on)
+    core = client._core
+    template = core.KeyTemplate(key)
+    if not (payload is None or payload is False or
+            (isinstance(payload, tuple) and all(isinstance(name, str) for name in payload))):
+        raise TypeError(f"payload must be None, False or a tuple of argument names, got {payload!r}")
+
+    def decorate(fn: F) -> F:
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn) or not callable(fn):
+            raise TypeError(f"idempotent wraps plain functions and coroutine functions, got {fn!r}")
+        call_key = _bind_template(core, template, fn)
+        signature = inspect.signature(fn)
+        if isinstance(payload, tuple):
+            missing = [name for name in payload if name not in signature.parameters]
+            if missing:
+                raise ValueError(f"payload names {missing} are not arguments of {fn.__qualname__}{signature}")
+
+        def start(args: tuple, kwargs: dict) -> IdempotentCall:
+            fingerprint = ""
+            if payload is not False:
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                values = bound.arguments if payload is None else {name: bound.arguments[name] for name in payload}
+                fingerprint = payload_fingerprint(values)
+            return IdempotentCall._from_spec(spec, call_key.resolve(args, kwargs), fingerprint)
+
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                async with AsyncIdempotentCall._wrap(start(args, kwargs)) as call:
+                    if call.replayed:
+                        return call.result
+                    result = await fn(*args, **kwargs)
+                    await call.complete(result)
+                    return result
+
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with start(args, kwargs) as call:
+                if call.replayed:
+                    return call.result
+                result = fn(*args, **kwargs)
+                call.complete(result)
+                return result
+
+        return run  # type: ignore[return-value]
+
+    return decorate

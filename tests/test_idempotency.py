@@ -1,0 +1,353 @@
+"""Idempotency keys on every store: exactly once under concurrent duplicates (threads and processes),
+crash and takeover, payload mismatch, TTL expiry, the failure policy, and DynamoDB transactions."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any, Iterator
+
+import pytest
+
+import mp_workers
+from fastlease import LockLost, MemoryClient, SQLiteClient
+from fastlease.idempotency import (
+    IdempotencyInProgress,
+    IdempotencyKeyMismatch,
+    IdempotencyResultTooLarge,
+    IdempotentCall,
+    IdempotentCallFailed,
+    JSONSerializer,
+    idempotent,
+    payload_fingerprint,
+)
+from proc_helpers import JOIN_S, Children, kill_and_reap, receive
+
+STORES = ["memory", "sqlite", "dynamodb", "redis"]
+BOUND_S = 30.0
+
+
+class Store:
+    """A client on one store, fresh tables, and how other processes reach the same store."""
+
+    def __init__(self, request: pytest.FixtureRequest, kind: str) -> None:
+        self.kind = kind
+        self.table = "pay_" + uuid.uuid4().hex[:12]
+        self.lock_table = self.table + "_locks"
+        self.clients: list[Any] = []
+        self._memory = MemoryClient() if kind == "memory" else None
+        if kind == "memory":
+            self.target = None
+        elif kind == "sqlite":
+            self.target = f"sqlite:{request.getfixturevalue('tmp_path') / 'idem.db'}"
+        elif kind == "redis":
+            request.getfixturevalue("redis_db")
+            self.target = request.getfixturevalue("redis_url")
+        else:
+            self.target = request.getfixturevalue("moto_endpoint")
+            request.getfixturevalue("moto_session")
+            client = self.client()
+            client.create_idempotency_table(self.table)
+            client.create_lock_table(self.lock_table)
+
+    def client(self) -> Any:
+        client = self._memory if self._memory is not None else mp_workers.fastlease_client(self.target)
+        self.clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    opened = Store(request, request.param)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+@pytest.fixture(params=[kind for kind in STORES if kind != "memory"])
+def shared_store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """A store that other processes reach too."""
+    opened = Store(request, request.param)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def run_threads(count: int, target: Any) -> list[Any]:
+    results: list[Any] = [None] * count
+    barrier = threading.Barrier(count)
+
+    def work(index: int) -> None:
+        barrier.wait(BOUND_S)
+        try:
+            results[index] = target()
+        except BaseException as error:  # noqa: BLE001 - returned to the test
+            results[index] = error
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(BOUND_S * 2)
+    assert not any(thread.is_alive() for thread in threads)
+    return results
+
+
+# ---- exactly once -----------------------------------------------------------------------------------
+def test_eight_concurrent_duplicates_run_once_and_all_get_the_result(store):
+    client = store.client()
+    executions = []
+
+    @idempotent(client, table=store.table, key="payment:{idempotency_key}", wait=BOUND_S)
+    def charge(idempotency_key: str, amount: int) -> dict:
+        executions.append(amount)
+        time.sleep(0.05)  # the handler's work, long enough that the duplicates find it in flight
+        return {"charged": amount, "receipt": uuid.uuid4().hex}
+
+    results = run_threads(8, lambda: charge("k-1", 100))
+    assert len(executions) == 1
+    assert all(result == results[0] for result in results), results
+    assert charge("k-1", 100) == results[0]  # and later duplicates replay it
+    assert len(executions) == 1
+
+
+def test_a_duplicate_in_flight_is_told_to_retry_later(store):
+    client = store.client()
+    started, finish = threading.Event(), threading.Event()
+
+    @idempotent(client, table=store.table, key="job:{job_id}")
+    def job(job_id: str) -> str:
+        started.set()
+        finish.wait(BOUND_S)
+        return "done"
+
+    first = threading.Thread(target=job, args=("j",))
+    first.start()
+    try:
+        assert started.wait(BOUND_S)
+        with pytest.raises(IdempotencyInProgress) as info:
+            job("j")
+        assert info.value.retry_after > 0 and info.value.key == "job:j"
+    finally:
+        finish.set()
+        first.join(BOUND_S)
+    assert job("j") == "done"
+
+
+def test_eight_processes_with_one_key_charge_once(shared_store, children: Children):
+    store = shared_store
+    workers = [children.start(mp_workers.idempotent_once, store.target, store.table, "payment:p1", 0.2, 5.0)
+               for _ in range(8)]
+    for worker in workers:
+        receive(worker, "ready")
+    for worker in workers:
+        worker.ctl.send("go")
+    outcomes, running = [], 0
+    for worker in workers:
+        for _ in range(2):  # each worker reports "running" (only if it executes), then "done"
+            assert worker.out.poll(BOUND_S * 2), f"worker {worker.proc.pid} is silent"
+            report = worker.out.recv()
+            assert report[0] in ("running", "done"), report
+            if report[0] == "done":
+                break
+            running += 1
+        outcomes.append(report[2])
+    assert running == 1
+    executed = [result for ran, result in outcomes if ran]
+    assert len(executed) == 1
+    assert all(result == executed[0] for _, result in outcomes)
+
+
+def test_a_handler_killed_mid_call_is_taken_over_after_one_lease_and_completes_once(shared_store, children):
+    store = shared_store
+    child = children.start(mp_workers.idempotent_once, store.target, store.table, "payment:crash", 60.0, 1.0)
+    receive(child, "ready")
+    child.ctl.send("go")
+    receive(child, "running")
+    kill_and_reap(child)
+    client = store.client()
+    executions = []
+    started = time.monotonic()
+    with IdempotentCall(client, table=store.table, key="payment:crash", payload={"amount": 10},
+                        lease_duration=1.0, wait=BOUND_S) as call:
+        assert not call.replayed
+        waited = time.monotonic() - started
+        executions.append(1)
+        call.complete({"charged_by": "survivor"})
+    assert 0.5 <= waited < 10, waited  # one lease (1 s) after the dead holder's last renewal
+    with IdempotentCall(client, table=store.table, key="payment:crash", payload={"amount": 10}) as again:
+        assert again.replayed and again.result == {"charged_by": "survivor"}
+    assert executions == [1]
+    child.proc.join(JOIN_S)
+
+
+# ---- payload, TTL, failures ----------------------------------------------------------------------------
+def test_reusing_a_key_with_another_payload_is_refused(store):
+    client = store.client()
+
+    @idempotent(client, table=store.table, key="payment:{key}", payload=("amount",))
+    def charge(key: str, amount: int, note: str = "") -> int:
+        return amount
+
+    assert charge("k", 10, note="a") == 10
+    assert charge("k", 10, note="b") == 10  # note is not part of the payload
+    with pytest.raises(IdempotencyKeyMismatch, match="different payload"):
+        charge("k", 11)
+
+
+def test_a_completed_record_expires_after_its_ttl(store):
+    client = store.client()
+    executions = []
+
+    @idempotent(client, table=store.table, key="t:{key}", ttl=0.3)
+    def work(key: str) -> int:
+        executions.append(key)
+        return len(executions)
+
+    assert work("a") == 1 and work("a") == 1
+    deadline = time.monotonic() + BOUND_S
+    while work("a") == 1:  # bounded: the record expires 0.3 s after it was written
+        assert time.monotonic() < deadline, "the record never expired"
+        time.sleep(0.05)
+    assert executions == ["a", "a"]
+
+
+def test_the_failure_policy_retries_or_replays(store):
+    client = store.client()
+    attempts = []
+
+    @idempotent(client, table=store.table, key="f:{key}", retry_on=(ConnectionError,))
+    def flaky(key: str, error: str) -> str:
+        attempts.append(error)
+        if error == "transient":
+            raise ConnectionError("network down")
+        if error == "terminal":
+            raise ValueError("card declined")
+        return "ok"
+
+    with pytest.raises(ConnectionError):
+        flaky("a", "transient")  # released, nothing stored: the key runs again
+    with pytest.raises(ConnectionError):
+        flaky("a", "transient")
+    assert attempts == ["transient", "transient"]
+    attempts.clear()
+    with pytest.raises(ValueError, match="card declined"):
+        flaky("b", "terminal")
+    with pytest.raises(IdempotentCallFailed) as info:
+        flaky("b", "terminal")  # stored as terminal and replayed, not run again
+    assert info.value.error_type == "builtins.ValueError" and info.value.error_message == "card declined"
+    assert attempts == ["terminal"]
+
+
+def test_by_default_every_exception_releases_the_key(store):
+    client = store.client()
+    runs = []
+
+    @idempotent(client, table=store.table, key="d:{key}")
+    def work(key: str) -> str:
+        runs.append(key)
+        if len(runs) == 1:
+            raise RuntimeError("first attempt fails")
+        return "second"
+
+    with pytest.raises(RuntimeError):
+        work("x")
+    assert work("x") == "second" and work("x") == "second"
+    assert runs == ["x", "x"]
+
+
+def test_async_functions_are_idempotent_too(store):
+    client = store.client()
+    runs = []
+
+    @idempotent(client, table=store.table, key="a:{key}", wait=BOUND_S)
+    async def work(key: str) -> list:
+        runs.append(key)
+        await asyncio.sleep(0.02)
+        return [key, len(runs)]
+
+    async def main() -> list:
+        return list(await asyncio.gather(*(work("k") for _ in range(8))))
+
+    results = asyncio.run(main())
+    assert runs == ["k"] and all(result == ["k", 1] for result in results)
+
+
+# ---- store specifics ------------------------------------------------------------------------------------
+def test_a_result_too_large_for_dynamodb_is_refused_and_the_key_released(request):
+    opened = Store(request, "dynamodb")
+    try:
+        client = opened.client()
+        with pytest.raises(IdempotencyResultTooLarge, match="records hold at most"):
+            with IdempotentCall(client, table=opened.table, key="big") as call:
+                call.complete("x" * 300_000)
+        with IdempotentCall(client, table=opened.table, key="big") as again:
+            assert not again.replayed  # nothing was stored, and the lease was released
+            again.complete("small")
+    finally:
+        opened.close()
+
+
+def test_on_dynamodb_the_completion_commits_with_the_callers_transaction(request):
+    from fastlease.dynamodb import SyncTransaction
+
+    opened = Store(request, "dynamodb")
+    try:
+        client = opened.client()
+        client.sync_create_table(opened.table + "_orders", partition_key=("id", "S"))
+        with IdempotentCall(client, table=opened.table, key="order:1") as call:
+            with SyncTransaction(client) as tx:
+                call.check_in(tx)
+                tx.put(opened.table + "_orders", {"id": "1", "total": 42})
+                call.complete_in(tx, {"order": "1"})
+        assert client.sync_get_item(opened.table + "_orders", {"id": "1"}) == {"id": "1", "total": 42}
+        with IdempotentCall(client, table=opened.table, key="order:1") as again:
+            assert again.replayed and again.result == {"order": "1"}
+    finally:
+        opened.close()
+
+
+def test_a_lease_lost_before_completion_stores_nothing(core):
+    from fastlease.testing import FakeClock
+
+    clock = FakeClock()
+    client = MemoryClient(clock=clock, _core=core)
+    call = IdempotentCall(client, table="payments", key="p", lease_duration=1.0)
+    with pytest.raises(LockLost):
+        with call:
+            client._store.remove("payments_locks", "p")  # taken over: the row is no longer ours
+            call.complete("late")
+    assert client._store.read_record("payments", "p", 1.0) is None
+
+
+def test_bad_arguments_are_clear(tmp_path):
+    client = SQLiteClient(tmp_path / "x.db")
+    try:
+        with pytest.raises(ValueError, match="must differ"):
+            IdempotentCall(client, table="same", key="k", lock_table="same")
+        with pytest.raises(ValueError, match="ttl must be"):
+            IdempotentCall(client, table="pay", key="k", ttl=-1)
+        with pytest.raises(ValueError, match="wait must be"):
+            IdempotentCall(client, table="pay", key="k", wait=float("nan"))
+        with pytest.raises(TypeError, match="retry_on"):
+            IdempotentCall(client, table="pay", key="k", retry_on=("ValueError",))
+        with pytest.raises(TypeError, match="serializer"):
+            IdempotentCall(client, table="pay", key="k", serializer=object())
+        with pytest.raises(TypeError, match="JSON data"):
+            IdempotentCall(client, table="pay", key="k", payload={"when": object()})
+        with pytest.raises(TypeError, match="payload must be"):
+            idempotent(client, table="pay", key="k", payload="amount")
+        with pytest.raises(TypeError, match="JSON-serialisable"):
+            JSONSerializer().dumps({1, 2})
+    finally:
+        client.close()
+    assert payload_fingerprint({"b": 1, "a": 2}) == payload_fingerprint({"a": 2, "b": 1})
+    assert payload_fingerprint(b"x") != payload_fingerprint("x")
