@@ -277,3 +277,26 @@ def test_random_cancellations_against_the_dynamodb_server(moto_endpoint, moto_se
             client.close()
     assert overlaps == []
     assert outcomes["cancelled"] > 100 and outcomes["completed"] > 50
+
+
+def test_more_waiters_than_worker_threads_never_block_the_release_they_wait_for(tmp_path, core):
+    """80 tasks on one key of a store whose requests block (SQLite): 64 of them fill the acquisition
+    threads while waiting, and each holder's release still runs, on the threads kept for short steps."""
+    from fastlease import SQLiteClient
+    from fastlease.client import ASYNC_WORKERS
+
+    client = SQLiteClient(tmp_path / "crowd.db", _core=core)
+    count = ASYNC_WORKERS + 16
+
+    async def one() -> None:
+        async with DistributedLock(client, table="locks", key="crowd", wait_timeout=60):
+            await asyncio.sleep(0.001)
+
+    async def main() -> list:
+        return list(await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True))
+
+    try:
+        outcomes = asyncio.run(main())
+    finally:
+        client.close()
+    assert [outcome for outcome in outcomes if outcome is not None] == []

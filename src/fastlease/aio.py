@@ -29,10 +29,11 @@ __all__ = ["DistributedLock"]
 _log = logging.getLogger("fastlease.aio")
 
 
-def _run(client: LeaseClient, fn: Any, *args: Any) -> "Future[Any]":
-    """Start ``fn(*args)`` on the client's executor. The caller awaits ``asyncio.wrap_future`` of it;
-    follow-ups hang on the concurrent future itself, so they run even if the event loop is gone."""
-    return client._async_executor().submit(fn, *args)
+def _run(client: LeaseClient, fn: Any, *args: Any, short: bool = False) -> "Future[Any]":
+    """Start ``fn(*args)`` on the client's executor (``short``: the pool for steps that never wait for
+    contention, such as releases). The caller awaits it through ``_shielded``; follow-ups hang on
+    the concurrent future itself, so they run even if the event loop is gone."""
+    return client._async_executor(short).submit(fn, *args)
 
 
 def _consume(future: "Future[Any]") -> None:
@@ -112,7 +113,8 @@ class DistributedLock:
         """After a cancelled acquisition finishes: release what it may have acquired, off the loop."""
         if acquiring.cancelled() or acquiring.exception() is not None:
             return  # not acquired (the engine already cleaned up)
-        _run(self._guard._lease.client, self._guard.__exit__, None, None, None).add_done_callback(_consume)
+        _run(self._guard._lease.client, self._guard.__exit__, None, None, None, short=True).add_done_callback(
+            _consume)
 
     async def __aexit__(
         self,
@@ -126,4 +128,4 @@ class DistributedLock:
             # never waits for contention, so the event loop is not held up, and no thread hop is paid.
             return self._guard.__exit__(exc_type, exc, traceback)
         # Cancelling here leaves the release running; _shielded retrieves its outcome.
-        await _shielded(_run(client, self._guard.__exit__, exc_type, exc, traceback))
+        await _shielded(_run(client, self._guard.__exit__, exc_type, exc, traceback, short=True))

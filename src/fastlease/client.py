@@ -15,8 +15,11 @@ from typing import Any, Optional
 
 from . import _impl
 
-#: Concurrent blocking steps (acquire waits, releases) the async API runs per client.
+#: Concurrent acquisitions (which may wait for contention) the async API runs per client.
 ASYNC_WORKERS = 64
+#: Threads for the async API's steps that never wait for contention (releases, record reads and
+#: writes): kept apart, so that a crowd of waiters can never delay the release they wait for.
+ASYNC_SHORT_WORKERS = 16
 
 
 class LeaseClient:
@@ -52,6 +55,7 @@ class LeaseClient:
         # Stores that can report releases made by other processes (Redis pub/sub) set this.
         self._release_feed: Optional[Any] = None
         self._executor: Optional[Any] = None  # the async API's worker threads, made on first use
+        self._short_executor: Optional[Any] = None
         self._executor_lock = threading.Lock()
 
     @property
@@ -76,16 +80,22 @@ class LeaseClient:
         none). Reads only: nothing is created, observed or changed."""
         raise TypeError(f"{type(self).__name__} cannot be inspected from outside its process")
 
-    def _async_executor(self) -> Any:
+    def _async_executor(self, short: bool = False) -> Any:
         """The bounded thread pool the async API runs blocking steps on (not the loop's default pool,
-        which lock waits could starve). One per client; threads are made as needed."""
-        if self._executor is None:
+        which lock waits could starve). Acquisitions use one pool, steps that never wait for
+        contention (``short``) another. One of each per client; threads are made as needed."""
+        executor = self._short_executor if short else self._executor
+        if executor is None:
             with self._executor_lock:
-                if self._executor is None:
-                    from concurrent.futures import ThreadPoolExecutor
+                from concurrent.futures import ThreadPoolExecutor
 
+                if short and self._short_executor is None:
+                    self._short_executor = ThreadPoolExecutor(max_workers=ASYNC_SHORT_WORKERS,
+                                                              thread_name_prefix="fastlease-async-short")
+                elif not short and self._executor is None:
                     self._executor = ThreadPoolExecutor(max_workers=ASYNC_WORKERS, thread_name_prefix="fastlease-async")
-        return self._executor
+                executor = self._short_executor if short else self._executor
+        return executor
 
     def _condition_check_item(self, lease: Any) -> dict[str, Any]:
         """The raw transaction entry that checks ``lease``; only DynamoDB has one."""
@@ -96,8 +106,9 @@ class LeaseClient:
     def close(self) -> None:
         """Stop the renewal thread. Leases still held lapse locally; their rows are recovered by others."""
         self._scheduler.close()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
+        for executor in (self._executor, self._short_executor):
+            if executor is not None:
+                executor.shutdown(wait=False)
 
     def __enter__(self) -> "LeaseClient":
         return self

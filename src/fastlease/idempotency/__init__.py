@@ -24,6 +24,7 @@ an expiry column on SQLite and in memory; an expired record is ignored even befo
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import hashlib
@@ -399,8 +400,9 @@ class IdempotentCall:
 
 
 class AsyncIdempotentCall:
-    """``async with`` form of :class:`IdempotentCall`: each step runs on the client's worker threads;
-    ``await call.complete(result)``. Same arguments."""
+    """``async with`` form of :class:`IdempotentCall`, with the same arguments: each step runs on the
+    client's worker threads (as the async lock's do); ``await call.complete(result)``. Cancelled
+    while entering, the call is abandoned: a lease it may have taken meanwhile is released."""
 
     def __init__(self, client: LeaseClient, **options: Any) -> None:
         self._call = IdempotentCall(client, **options)
@@ -414,21 +416,41 @@ class AsyncIdempotentCall:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._call, name)
 
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        import asyncio
-
-        return await asyncio.wrap_future(self._call._spec.client._async_executor().submit(fn, *args))
+    def _client(self) -> LeaseClient:
+        return self._call._spec.client
 
     async def __aenter__(self) -> "AsyncIdempotentCall":
-        await self._run(self._call.__enter__)
+        from ..aio import _run, _shielded
+
+        entering = _run(self._client(), self._call.__enter__)
+        try:
+            await _shielded(entering)
+        except asyncio.CancelledError:
+            self._call._lock._lease.cancel()
+            entering.add_done_callback(self._abandon)
+            raise
         return self
+
+    def _abandon(self, entering: Any) -> None:
+        """A cancelled entry finished anyway: release what it took, storing nothing."""
+        from ..aio import _consume, _run
+
+        if entering.cancelled() or entering.exception() is not None or self._call.replayed:
+            return
+        cancelled = asyncio.CancelledError()
+        _run(self._client(), self._call.__exit__, type(cancelled), cancelled, None, short=True).add_done_callback(
+            _consume)
 
     async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
                         tb: Optional[TracebackType]) -> None:
-        await self._run(self._call.__exit__, exc_type, exc, tb)
+        from ..aio import _run, _shielded
+
+        await _shielded(_run(self._client(), self._call.__exit__, exc_type, exc, tb, short=True))
 
     async def complete(self, result: Any) -> None:
-        await self._run(self._call.complete, result)
+        from ..aio import _run, _shielded
+
+        await _shielded(_run(self._client(), self._call.complete, result, short=True))
 
 
 def _fingerprint(payload: Any, fingerprint: Optional[str]) -> str:
