@@ -41,6 +41,7 @@ bench: $(INSTALLED)
 	$(PY) bench/handoff.py
 	$(PY) bench/sqlite_cycle.py
 	$(PY) bench/redis_cycle.py
+	$(PY) bench/idempotency.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info src/fastlease/_core.c src/fastlease/*.so

@@ -61,6 +61,23 @@ def powertools_handler(endpoint: str, table: str) -> Callable[[str], Any]:
     return lambda key: handle(order={"order_id": key})
 
 
+def print_request_costs(store: Any) -> None:
+    """What one request of each kind costs on this moto server (its transactions are slow)."""
+    from fastlease.stores.base import Record
+    from fastlease.testing import NO_USAGE
+
+    keys = [uuid.uuid4().hex for _ in range(100)]
+    costs = {}
+    for name, request in (
+        ("GetItem", lambda key: store.read_record("orders", key, 5.0)),
+        ("PutItem", lambda key: store.put_if_absent("orders_locks", key, "o", "v", 30_000, 5.0, NO_USAGE)),
+        ("TransactWriteItems", lambda key: store.finish_if_owner(
+            "orders_locks", key, "orders", Record("COMPLETED", "", b"{}", 0, "o"), 5.0)),
+    ):
+        costs[name] = measure(request, keys)[0]
+    print("moto server, µs per request: " + ", ".join(f"{name} {cost:,.0f}" for name, cost in costs.items()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300, help="new keys per contender (default 300)")
@@ -113,6 +130,9 @@ def main() -> int:
         finally:
             for client in clients.values():
                 client.close()
+        print("requests per call (fastlease): first execution = read record + acquire lease + read record + "
+              "finish (record and release in one atomic request); replay = read record")
+        print_request_costs(dynamodb._store)
         ours, theirs = rows["fastlease, DynamoDB"], rows["powertools, DynamoDB"]
         print(f"fastlease / powertools on DynamoDB: first execution {ours[0][0] / theirs[0][0]:.2f}x wall, "
               f"{ours[0][1] / theirs[0][1]:.2f}x CPU; replay {ours[1][0] / theirs[1][0]:.2f}x wall, "

@@ -351,3 +351,41 @@ def test_bad_arguments_are_clear(tmp_path):
         client.close()
     assert payload_fingerprint({"b": 1, "a": 2}) == payload_fingerprint({"a": 2, "b": 1})
     assert payload_fingerprint(b"x") != payload_fingerprint("x")
+
+
+def test_the_completion_releases_the_lease_in_the_same_request(core):
+    client = MemoryClient(_core=core)
+    store = client._store
+    with IdempotentCall(client, table="payments", key="p") as call:
+        assert set(store.rows("payments_locks")) == {"p"}
+        call.complete("ok")
+        assert store.rows("payments_locks") == {}  # gone with the record's write, no delete sent
+    assert store.read_record("payments", "p", 1.0).result == b'"ok"'
+    with SyncDistributedLockOn(client, "payments_locks", "p"):
+        pass  # and the key is free for the next holder
+
+
+def test_a_completion_whose_answer_is_lost_is_recognised_as_ours(core, monkeypatch):
+    from fastlease.exceptions import StoreError
+
+    client = MemoryClient(_core=core)
+    store = client._store
+    finish = store.finish_if_owner
+
+    def lost_answer(*args: Any) -> bool:
+        finish(*args)  # applied, then the response is lost
+        raise StoreError("timed out after sending", maybe_committed=True)
+
+    monkeypatch.setattr(store, "finish_if_owner", lost_answer)
+    with IdempotentCall(client, table="payments", key="p") as call:
+        call.complete({"receipt": 1})
+    assert call.state == "COMPLETED" and store.rows("payments_locks") == {}
+    monkeypatch.undo()
+    with IdempotentCall(client, table="payments", key="p") as again:
+        assert again.replayed and again.result == {"receipt": 1}
+
+
+def SyncDistributedLockOn(client: Any, table: str, key: str) -> Any:  # noqa: N802 - reads as a guard
+    from fastlease import SyncDistributedLock
+
+    return SyncDistributedLock(client, table=table, key=key, wait_timeout=0)

@@ -1106,6 +1106,18 @@ cdef class Lease:
         cause = self.lost_cause
         raise LockLost(f"lease on {self.key!r} was lost before release: {cause}", key=self.key, cause=cause)
 
+    def released_by_store(self):
+        """HELD/LOST -> RELEASED without a request: the caller's own atomic write, conditioned on our
+        ownership, has just deleted the row (idempotency's completion). Renewals stop; this client's
+        waiters are woken as on a release."""
+        check_not_forked(self._pid)
+        with self._mutex:
+            if self.state != HELD_ and self.state != LOST_:
+                raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[self.state]}")
+            self.state = RELEASED_
+        self._scheduler.cancel(self)
+        self._signals.released(self._cache_key, False, self._mono())
+
     cdef bint _delete_owned(self, owner, int64_t budget_ns, bint raise_on_failure) except -1:
         """Delete the row if ``owner`` still holds it, retrying transient errors within the budget.
         True: our row is gone. False: it belongs to someone else or was absent."""

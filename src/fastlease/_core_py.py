@@ -1027,6 +1027,18 @@ class Lease:
         cause = self.lost_cause
         raise LockLost(f"lease on {self.key!r} was lost before release: {cause}", key=self.key, cause=cause)
 
+    def released_by_store(self) -> None:
+        """HELD/LOST -> RELEASED without a request: the caller's own atomic write, conditioned on our
+        ownership, has just deleted the row (idempotency's completion). Renewals stop; this client's
+        waiters are woken as on a release."""
+        check_not_forked(self._pid)
+        with self._mutex:
+            if self.state not in (HELD, LOST):
+                raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[self.state]}")
+            self.state = RELEASED
+        self._client._scheduler.cancel(self)
+        self._client._release_signals.released(self._cache_key, False, self._clock.monotonic_ns())
+
     def _delete_owned(self, owner: str, budget_ns: int, raise_on_failure: bool = False) -> bool:
         """Delete the row if ``owner`` still holds it, retrying transient errors within the budget.
 

@@ -177,7 +177,7 @@ class _CallSpec:
         core = client._core
         self.client = client
         self.store = client._store
-        if not hasattr(self.store, "write_record_if_owner"):
+        if not hasattr(self.store, "finish_if_owner"):
             raise TypeError(f"{type(client).__name__} has no idempotency records")
         self.table = core.check_table(table)
         self.lock_table = core.check_table(lock_table if lock_table is not None else f"{table}_locks")
@@ -284,7 +284,8 @@ class IdempotentCall:
         return min(self._spec.lease_duration / 3, 5.0)
 
     def _write(self, state: str, data: bytes) -> None:
-        """Store the record under our lease; LockLost if the lease is no longer ours."""
+        """Store the record and release the lease, in one atomic request conditioned on our lease;
+        LockLost if the lease is no longer ours (a successor may be running: we must not write)."""
         spec = self._spec
         limit = spec.store.max_result_bytes
         if limit is not None and len(data) > limit:
@@ -294,24 +295,37 @@ class IdempotentCall:
                 key=self.key,
             )
         expires = self._now_ms() + int(spec.ttl * 1000) if spec.ttl is not None else 0
-        record = Record(state, self.fingerprint, data, expires)
         lease = self._lock
+        record = Record(state, self.fingerprint, data, expires, lease.owner)
+        finished = False
         for attempt in range(WRITE_ATTEMPTS):
-            lease.raise_if_lost()  # never write on a lapsed lease: a successor may be running
+            lease.raise_if_lost()  # never write on a lapsed lease
             try:
-                written = spec.store.write_record_if_owner(spec.lock_table, self.key, lease.owner, spec.table,
-                                                           record, self._timeout_s())
+                finished = spec.store.finish_if_owner(spec.lock_table, self.key, spec.table, record,
+                                                      self._timeout_s())
                 break
-            except StoreError:
+            except StoreError as error:
+                if error.maybe_committed and self._finished_by_us(lease.owner):
+                    finished = True  # the ambiguous write did land: the record is ours, the row gone
+                    break
                 if attempt == WRITE_ATTEMPTS - 1:
                     raise
-        if not written:
+        if not finished:
             lease._lease.note_stolen()
             raise LockLost(
                 f"the lease on {self.key!r} was taken over before its result was stored: the call may run "
                 "again", key=self.key, cause="stolen",
             )
+        lease._lease.released_by_store()
         self.state = state
+
+    def _finished_by_us(self, owner: str) -> bool:
+        """After an ambiguous finish: is the stored record the one we wrote?"""
+        try:
+            record = self._spec.store.read_record(self._spec.table, self.key, self._timeout_s())
+        except StoreError:
+            return False
+        return record is not None and record.owner == owner
 
     def complete(self, result: Any) -> None:
         """Store ``result`` as this call's outcome (once; only while the lease is ours)."""
@@ -333,7 +347,8 @@ class IdempotentCall:
         data = self._spec.serializer.dumps(result)
         expires = self._now_ms() + int(self._spec.ttl * 1000) if self._spec.ttl is not None else 0
         item: dict[str, Any] = {"key": self.key, "state": COMPLETED, "fingerprint": self.fingerprint,
-                                "result": base64.b64encode(data).decode(), "expires_at_ms": expires}
+                                "result": base64.b64encode(data).decode(), "expires_at_ms": expires,
+                                "owner": self._lock.owner}
         if expires:
             item["expires_at"] = expires // 1000 + 1
         transaction.put(self._spec.table, item)
@@ -387,6 +402,8 @@ class IdempotentCall:
             self._release(exc)
 
     def _release(self, exc: Optional[BaseException]) -> None:
+        if self.state in (COMPLETED, FAILED) and self._lock.state == "released":
+            return  # the record's write released the lease too
         recorded = self.state in (COMPLETED, FAILED)
         if self.state == "PROCESSING" or self.state == "COMPLETING":
             self.state = "RELEASED"

@@ -125,13 +125,15 @@ class Record(NamedTuple):
 
     ``state`` is ``"COMPLETED"`` or ``"FAILED"`` (an in-flight call is a held lease, not a record);
     ``fingerprint`` hashes the call's payload; ``result`` is the serialised result or failure;
-    ``expires_at_ms`` is the wall-clock expiry in Unix milliseconds, 0 for never.
+    ``expires_at_ms`` is the wall-clock expiry in Unix milliseconds, 0 for never; ``owner`` is the
+    lease owner that wrote it (how a writer recognises its own record after an ambiguous write).
     """
 
     state: str
     fingerprint: str
     result: bytes
     expires_at_ms: int
+    owner: str
 
 
 class RecordStore(Protocol):
@@ -145,10 +147,7 @@ class RecordStore(Protocol):
         caller compares ``expires_at_ms`` (stores with native expiry also drop them on their own)."""
         ...
 
-    def write_record_if_owner(
-        self, lock_table: str, key: str, owner: str, table: str, record: Record, timeout_s: float
-    ) -> bool:
-        """Store ``record`` (replacing any) only while ``owner`` holds the lease on ``key`` in
-        ``lock_table``, atomically with that check; False if it does not. Writing the same record
-        again is harmless, so a write that may have committed is simply sent again."""
+    def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
+        """Only while ``record.owner`` holds the lease on ``key`` in ``lock_table``, atomically: store
+        ``record`` (replacing any) and delete the lease row (a release). False if it does not hold it."""
         ...

@@ -364,26 +364,26 @@ class DynamoDBStore:
             return None
         try:
             return Record(item["state"]["S"], item["fingerprint"]["S"],
-                          base64.b64decode(item["result"]["S"], validate=True), int(item["expires_at_ms"]["N"]))
+                          base64.b64decode(item["result"]["S"], validate=True), int(item["expires_at_ms"]["N"]),
+                          item["owner"]["S"])
         except (KeyError, TypeError, ValueError, binascii.Error) as error:
             raise MalformedLockRow(f"idempotency record of {key!r} in {table!r} is malformed", key=key) from error
 
-    def write_record_if_owner(
-        self, lock_table: str, key: str, owner: str, table: str, record: Record, timeout_s: float
-    ) -> bool:
+    def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
         item = {
             "key": {"S": key},
             "state": {"S": record.state},
             "fingerprint": {"S": record.fingerprint},
             "result": {"S": base64.b64encode(record.result).decode()},
             "expires_at_ms": {"N": str(record.expires_at_ms)},
+            "owner": {"S": record.owner},
         }
         if record.expires_at_ms:
             item["expires_at"] = {"N": str(record.expires_at_ms // 1000 + 1)}  # the table's TTL attribute (s)
         params = {"TransactItems": [
-            {"ConditionCheck": {"TableName": lock_table, "Key": {"key": {"S": key}},
-                                "ConditionExpression": OWNER_CONDITION, "ExpressionAttributeNames": dict(_OWNER_NAMES),
-                                "ExpressionAttributeValues": {":owner": {"S": owner}}}},
+            {"Delete": {"TableName": lock_table, "Key": {"key": {"S": key}},
+                        "ConditionExpression": OWNER_CONDITION, "ExpressionAttributeNames": dict(_OWNER_NAMES),
+                        "ExpressionAttributeValues": {":owner": {"S": record.owner}}}},
             {"Put": {"TableName": table, "Item": item}},
         ]}
         try:

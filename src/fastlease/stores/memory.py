@@ -148,14 +148,13 @@ class MemoryStore:
         with self._lock:
             return self._records.get((table, key))
 
-    def write_record_if_owner(
-        self, lock_table: str, key: str, owner: str, table: str, record: Record, timeout_s: float
-    ) -> bool:
+    def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
         with self._lock:
             row = self._rows.get((lock_table, key))
-            if row is None or row.owner != owner:
+            if row is None or row.owner != record.owner:
                 return False
             self._records[(table, key)] = record
+            del self._rows[(lock_table, key)]
             return True
 
     def rows(self, table: str) -> dict[str, LockRow]:

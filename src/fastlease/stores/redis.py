@@ -112,20 +112,22 @@ if seen[2] == '1' then return 2 end
 return 1
 """
 
-#: Write an idempotency record. KEYS: lease, record. ARGV: owner, state, fingerprint, result,
-#: expires_at_ms, px (0: no expiry). Replaces the record only while ``owner`` holds the lease;
-#: returns 1, or 0.
-WRITE_RECORD = """
+#: Finish an idempotent call. KEYS: lease, record. ARGV: owner, state, fingerprint, result,
+#: expires_at_ms, px (0: no expiry), channel. Only while ``owner`` holds the lease: replaces the
+#: record, deletes the lease and publishes its release; returns 1, or 0.
+FINISH = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], 'state', ARGV[2], 'fingerprint', ARGV[3], 'result', ARGV[4],
-           'expires_at_ms', ARGV[5])
+           'expires_at_ms', ARGV[5], 'owner', ARGV[1])
 if ARGV[6] ~= '0' then redis.call('PEXPIRE', KEYS[2], ARGV[6]) end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[7], '1')
 return 1
 """
 
 SCRIPTS = {"ACQUIRE": ACQUIRE, "TAKE_OVER": TAKE_OVER, "RENEW": RENEW, "MARK_WAITING": MARK_WAITING,
-           "RELEASE": RELEASE, "WRITE_RECORD": WRITE_RECORD}
+           "RELEASE": RELEASE, "FINISH": FINISH}
 
 
 class _Script:
@@ -139,7 +141,7 @@ class _Script:
         self.sha = hashlib.sha1(self.source).hexdigest().encode()
 
 
-_ACQUIRE, _TAKE_OVER, _RENEW, _MARK_WAITING, _RELEASE, _WRITE_RECORD = (_Script(n, s) for n, s in SCRIPTS.items())
+_ACQUIRE, _TAKE_OVER, _RENEW, _MARK_WAITING, _RELEASE, _FINISH = (_Script(n, s) for n, s in SCRIPTS.items())
 
 #: Bound for socket reads and connects when the client's settings leave them unbounded; a request's
 #: own timeout (``timeout_s``) is applied to waiting for its reply.
@@ -409,22 +411,21 @@ class RedisStore:
         if not fields:
             return None
         expires = _integer(fields.get("expires_at_ms"))
-        state, fingerprint = _text(fields.get("state")), _text(fields.get("fingerprint"))
+        state, fingerprint, owner = (_text(fields.get(name)) for name in ("state", "fingerprint", "owner"))
         result = fields.get("result")
-        if type(expires) is not int or not isinstance(state, str) or not isinstance(fingerprint, str) or \
-                not isinstance(result, bytes):
+        if type(expires) is not int or not all(isinstance(text, str) for text in (state, fingerprint, owner)) \
+                or not isinstance(result, bytes):
             raise MalformedLockRow(f"idempotency record of {key!r} in {table!r} is malformed", key=key)
-        return Record(state, fingerprint, result, expires)
+        return Record(state, fingerprint, result, expires, owner)
 
-    def write_record_if_owner(
-        self, lock_table: str, key: str, owner: str, table: str, record: Record, timeout_s: float
-    ) -> bool:
+    def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
         px = 0
         if record.expires_at_ms:
             px = max(1, record.expires_at_ms - int(time.time() * 1000))  # native expiry, the server's clock
         keys = (lease_key(lock_table, key), record_key(table, key))
-        args = (owner, record.state, record.fingerprint, record.result, record.expires_at_ms, px)
-        return self.run_script(_WRITE_RECORD, key, timeout_s, keys, args) == 1
+        args = (record.owner, record.state, record.fingerprint, record.result, record.expires_at_ms, px,
+                release_channel(lock_table, key))
+        return self.run_script(_FINISH, key, timeout_s, keys, args) == 1
 
     def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
         """Held leases of ``table`` (or only ``key``'s), as stored. SCAN, then one HGETALL each."""

@@ -76,12 +76,12 @@ _CREATE_RECORDS = """CREATE TABLE IF NOT EXISTS "{name}" (
     state         TEXT NOT NULL,
     fingerprint   TEXT NOT NULL,
     result        BLOB NOT NULL,
-    expires_at_ms INTEGER NOT NULL
+    expires_at_ms INTEGER NOT NULL,
+    owner         TEXT NOT NULL
 ) WITHOUT ROWID"""
-_READ_RECORD = """SELECT state, fingerprint, result, expires_at_ms FROM "{name}" WHERE key = ?"""
-_WRITE_RECORD = """INSERT OR REPLACE INTO "{name}" (key, state, fingerprint, result, expires_at_ms)
-VALUES (?, ?, ?, ?, ?)"""
-_OWNER_OF = """SELECT owner FROM "{name}" WHERE key = ?"""
+_READ_RECORD = """SELECT state, fingerprint, result, expires_at_ms, owner FROM "{name}" WHERE key = ?"""
+_WRITE_RECORD = """INSERT OR REPLACE INTO "{name}" (key, state, fingerprint, result, expires_at_ms, owner)
+VALUES (?, ?, ?, ?, ?, ?)"""
 #: Expired records are removed by the writes of their table, a few at a time (no background job).
 _PURGE_RECORDS = """DELETE FROM "{name}" WHERE key IN (SELECT key FROM "{name}"
 WHERE expires_at_ms > 0 AND expires_at_ms < ? LIMIT 16)"""
@@ -297,23 +297,20 @@ class SQLiteStore:
                                       (key,)).fetchone()
 
         found = self._run_plain(key, timeout_s, read)
-        return None if found is None else Record(found[0], found[1], bytes(found[2]), found[3])
+        return None if found is None else Record(found[0], found[1], bytes(found[2]), found[3], found[4])
 
-    def write_record_if_owner(
-        self, lock_table: str, key: str, owner: str, table: str, record: Record, timeout_s: float
-    ) -> bool:
+    def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
         records = self._run_plain(key, timeout_s, lambda connection: self._records_table(connection, table))
 
-        def write(connection: sqlite3.Connection, locks: str) -> bool:
-            held = connection.execute(_OWNER_OF.format(name=locks), (key,)).fetchone()
-            if held is None or held[0] != owner:
-                return False
+        def finish(connection: sqlite3.Connection, locks: str) -> bool:
+            if connection.execute(_FREE.format(name=locks), (key, record.owner)).rowcount != 1:
+                return False  # nothing written: the transaction ends without a change
             connection.execute(_WRITE_RECORD.format(name=records), (key, *record))
             connection.execute(_PURGE_RECORDS.format(name=records), (int(time.time() * 1000),))
             return True
 
         result: bool = self._run(lock_table, key, timeout_s,
-                                 lambda connection, locks: _immediately(connection, locks, write))
+                                 lambda connection, locks: _immediately(connection, locks, finish))
         return result
 
     def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
