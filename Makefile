@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: test demo bench clean redis-server
+.PHONY: test demo bench chaos clean redis-server
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ redis-server:
 
 demo: $(INSTALLED)
 	$(VENV)/bin/fastlease demo
+
+# The reliability harness, long: every store for SECONDS each (make test runs a bounded one).
+SECONDS ?= 600
+chaos: $(INSTALLED) redis-server
+	$(PY) -m tests.chaos --store all --seconds $(SECONDS)
 
 bench: $(INSTALLED)
 	$(PY) bench/memory_cycle.py

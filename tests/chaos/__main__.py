@@ -1,0 +1,31 @@
+"""``python -m tests.chaos --store S --seconds N``: one chaos run; exit status 1 on any violation."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .harness import RECOVERY_BOUND_S, STORES, run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    parser.add_argument("--store", choices=STORES + ("all",), default="all")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=None, help="replay a run (each run prints its seed)")
+    args = parser.parse_args()
+    failed = False
+    for store in (STORES if args.store == "all" else (args.store,)):
+        report = run(store, args.seconds, workers=args.workers, seed=args.seed,
+                     say=lambda line: print(line, flush=True))
+        print(report.line(), flush=True)
+        print(f"  errors seen by workers: {report['errors']}", flush=True)
+        bad = (report["lost_updates"] or report["double_commits"] or report["stale_commits"]
+               or report["worst_recovery_s"] > RECOVERY_BOUND_S or report["commits"] == 0)
+        failed = failed or bool(bad)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""The reliability harness: worker processes run the guarded counter (``workload.py``) on one store while
+the harness injects faults; then the checker proves mutual exclusion from what the store recorded.
+
+Faults, one at a time at random moments, from one printed seed:
+
+* ``kill_holder`` / ``kill_waiter``: SIGKILL (the worker is replaced by a fresh one);
+* ``pause_holder``: SIGSTOP for 1.5 leases, then SIGCONT;
+* ``lost_response``, ``late_commit``, ``stall``, ``partition``, ``reset``: the TCP fault proxy
+  (DynamoDB and Redis, whose clients all go through it);
+* ``clock_jump``: every worker's wall clock jumps a lease forward or back (the engine's clock);
+* memory runs its workers as threads: no signals there, so a holder *stalls* past its lease instead,
+  and the store's fault hook loses responses and commits late.
+
+The checker: the final counter equals the number of commits (no lost update); each value is committed
+once (no double commit); once a lease changes hands, its old owner never commits again (no stale
+commit; on fenced stores the tokens never go down); after each killed or paused holder, another worker
+holds the key within the recovery bound.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import sqlite3
+import tempfile
+import threading
+import time
+from multiprocessing.connection import wait as wait_for_pipes
+from typing import Any, Callable, Optional
+
+from . import workload
+from .proxy import FAULTS as PROXY_FAULTS
+from .proxy import FaultProxy
+
+SPAWN = multiprocessing.get_context("spawn")
+#: Another worker must hold the key within this long of a holder's kill or pause: a lease of
+#: observation after the last renewal seen (lease + lease/3), polls, request timeouts, and a proxy
+#: fault that may overlap (up to 1.2 s).
+RECOVERY_BOUND_S = 2 * workload.LEASE_S + 1.2 + 1.0
+STORES = ("memory", "sqlite", "redis", "dynamodb")
+
+
+class _Worker:
+    def __init__(self, store: str, target: str, clock_path: str, stop_at: float, seed: int) -> None:
+        receiver, sender = SPAWN.Pipe(duplex=False)
+        self.events = receiver
+        self.process = SPAWN.Process(target=_worker_main, args=(store, target, clock_path, stop_at, seed, sender),
+                                     daemon=True)
+        self.process.start()
+        sender.close()
+        self.stopped = False
+        self.finished = False  # its report pipe reached end of file: it exited, everything read
+
+
+def _worker_main(store: str, target: str, clock_path: str, stop_at: float, seed: int, sender: Any) -> None:
+    class PipeEvents:
+        def put(self, event: tuple) -> None:
+            sender.send(event)
+
+    workload.work(store, target, clock_path, stop_at, seed, PipeEvents())
+
+
+class Report(dict):
+    def line(self) -> str:
+        return (f"{self['store']}: {self['commits']} commits, {self['kills']} kills, {self['pauses']} pauses, "
+                f"{self['injected']} injected faults, {self['clock_jumps']} clock jumps; lost updates "
+                f"{self['lost_updates']}, double commits {self['double_commits']}, stale commits "
+                f"{self['stale_commits']}, worst recovery {self['worst_recovery_s']:.2f} s (bound "
+                f"{RECOVERY_BOUND_S:.1f} s), seed {self['seed']}")
+
+
+def run(store: str, seconds: float, *, workers: int = 4, seed: Optional[int] = None,
+        say: Callable[[str], None] = print) -> Report:
+    if store not in STORES:
+        raise ValueError(f"store must be one of {STORES}, got {store!r}")
+    seed = random.SystemRandom().randrange(2**32) if seed is None else seed
+    say(f"chaos on {store}: {workers} workers, {seconds:g} s, seed {seed}")
+    if store == "memory":
+        return _run_memory(seconds, workers, seed, say)
+    with tempfile.TemporaryDirectory(prefix="fastlease-chaos-") as directory:
+        clock_path = os.path.join(directory, "wall-offset")
+        with open(clock_path, "wb") as handle:
+            handle.write(b"\0" * 8)
+        setup = _Setup(store, directory)
+        try:
+            return _run_processes(setup, clock_path, seconds, workers, seed, say)
+        finally:
+            setup.close()
+
+
+class _Setup:
+    """The store, its proxy, and the checker's direct view of the counter and the commit log."""
+
+    def __init__(self, store: str, directory: str) -> None:
+        self.store = store
+        self.proxy: Optional[FaultProxy] = None
+        self._server: Any = None
+        if store == "sqlite":
+            self.target = os.path.join(directory, "chaos.db")
+            with sqlite3.connect(self.target) as connection:
+                connection.execute("CREATE TABLE counter (id INTEGER PRIMARY KEY, value INTEGER NOT NULL)")
+                connection.execute("INSERT INTO counter VALUES (1, 0)")
+                connection.execute("CREATE TABLE commits (value INTEGER, owner TEXT, token INTEGER)")
+            return
+        if store == "redis":
+            from fastlease.testing_redis import RedisServer
+
+            self._server = RedisServer()
+            self.direct = self._server.start()
+            port = int(self.direct.rsplit(":", 1)[1].split("/")[0])
+        else:
+            import boto3
+
+            from fastlease.testing_moto import MotoServer
+
+            self._server = MotoServer()
+            self.direct = self._server.start(timeout_s=60)
+            port = int(self.direct.rsplit(":", 1)[1])
+            plain = boto3.client("dynamodb", endpoint_url=self.direct, **workload.CREDENTIALS)
+            for table, key in ((workload.TABLE, "key"), (workload.COUNTER_TABLE, "id"), (workload.COMMITS_TABLE, "id")):
+                plain.create_table(TableName=table, AttributeDefinitions=[{"AttributeName": key, "AttributeType": "S"}],
+                                   KeySchema=[{"AttributeName": key, "KeyType": "HASH"}], BillingMode="PAY_PER_REQUEST")
+        self.proxy = FaultProxy("127.0.0.1", port)
+        proxy_port = self.proxy.start()
+        self.target = (f"redis://127.0.0.1:{proxy_port}/0" if store == "redis" else f"http://127.0.0.1:{proxy_port}")
+
+    def outcome(self) -> tuple[int, list[tuple[int, str, Optional[int]]]]:
+        """(final counter, commits as (value, owner, token))."""
+        if self.store == "sqlite":
+            with sqlite3.connect(self.target) as connection:
+                (value,) = connection.execute("SELECT value FROM counter WHERE id = 1").fetchone()
+                return value, [tuple(row) for row in connection.execute("SELECT value, owner, token FROM commits")]
+        if self.store == "redis":
+            import redis
+
+            plain = redis.Redis.from_url(self.direct)
+            try:
+                entries = [entry.decode().split("|") for entry in plain.lrange("chaos:commits", 0, -1)]
+                return int(plain.get("chaos:counter") or 0), [(int(v), o, int(t)) for v, o, t in entries]
+            finally:
+                plain.close()
+        import boto3
+
+        plain = boto3.client("dynamodb", endpoint_url=self.direct, **workload.CREDENTIALS)
+        item = plain.get_item(TableName=workload.COUNTER_TABLE, Key={"id": {"S": workload.KEY}},
+                              ConsistentRead=True).get("Item")
+        commits = []
+        for page in plain.get_paginator("scan").paginate(TableName=workload.COMMITS_TABLE, ConsistentRead=True):
+            commits.extend((int(i["value"]["N"]), i["owner"]["S"], None) for i in page["Items"])
+        return (int(item["value"]["N"]) if item else 0), commits
+
+    def close(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self._server is not None:
+            self._server.stop()
+
+
+def _run_processes(setup: _Setup, clock_path: str, seconds: float, count: int, seed: int,
+                   say: Callable[[str], None]) -> Report:
+    rng = random.Random(seed)
+    start = time.monotonic()
+    deadline = start + seconds
+    pool = [_Worker(setup.store, setup.target, clock_path, deadline, seed * 1000 + i) for i in range(count)]
+    holder: dict[str, Any] = {}  # owner -> worker, for the latest acquisitions
+    latest: Optional[tuple[str, Any]] = None  # (owner, worker) of the last "held" event
+    helds: list[tuple[float, str]] = []
+    faults: list[tuple[float, str, Optional[str]]] = []  # (time, kind, owner of the holder hit)
+    errors: dict[str, int] = {}
+    kills = pauses = jumps = 0
+    resume_at: list[tuple[float, Any]] = []
+    next_fault = start + 1.0 + rng.uniform(0.3, 1.0)
+    kinds = ["kill_holder", "kill_waiter", "pause_holder", "clock_jump"]
+    if setup.proxy is not None:
+        kinds += list(PROXY_FAULTS)
+    serial = count
+    while time.monotonic() < deadline + workload.WAIT_S + 5:  # bounded: workers stop at the deadline
+        alive = [w for w in pool if not w.finished]
+        if not alive and time.monotonic() >= deadline:
+            break
+        for ready in wait_for_pipes([w.events for w in alive], timeout=0.05):
+            worker = next(w for w in alive if w.events is ready)
+            try:
+                event = ready.recv()
+            except (EOFError, OSError):
+                worker.finished = True
+                continue
+            if event[0] == "held":
+                latest = (event[2], worker)
+                holder[event[2]] = worker
+                helds.append((event[3], event[2]))
+            else:
+                errors[event[2]] = errors.get(event[2], 0) + 1
+        now = time.monotonic()
+        for when, worker in list(resume_at):
+            if now >= when:
+                os.kill(worker.process.pid, signal.SIGCONT)
+                worker.stopped = False
+                resume_at.remove((when, worker))
+        if now < next_fault or now > deadline - 1.0:
+            continue
+        next_fault = now + rng.uniform(0.6, 1.6)
+        kind = rng.choice(kinds)
+        target_worker, owner = None, None
+        if kind in ("kill_holder", "pause_holder") and latest is not None:
+            owner, target_worker = latest
+            if not target_worker.process.is_alive() or target_worker.stopped:
+                continue
+        elif kind == "kill_waiter":
+            candidates = [w for w in pool if w.process.is_alive() and not w.stopped
+                          and (latest is None or w is not latest[1])]
+            if not candidates:
+                continue
+            target_worker = rng.choice(candidates)
+        if kind in ("kill_holder", "kill_waiter") and target_worker is not None:
+            os.kill(target_worker.process.pid, signal.SIGKILL)
+            target_worker.process.join(10)
+            kills += 1
+            pool.append(_Worker(setup.store, setup.target, clock_path, deadline, seed * 1000 + serial))
+            serial += 1
+        elif kind == "pause_holder" and target_worker is not None:
+            os.kill(target_worker.process.pid, signal.SIGSTOP)
+            target_worker.stopped = True
+            resume_at.append((now + 1.5 * workload.LEASE_S, target_worker))
+            pauses += 1
+        elif kind == "clock_jump":
+            workload.set_wall_offset(clock_path, rng.choice((-1, 1)) * int(workload.LEASE_S * 1e9))
+            jumps += 1
+        elif kind in PROXY_FAULTS and setup.proxy is not None:
+            setup.proxy.set_fault(kind, rng.uniform(0.2, 1.2))
+        else:
+            continue
+        faults.append((time.time(), kind, owner))
+    for worker in pool:
+        if worker.process.is_alive():
+            if worker.stopped:
+                os.kill(worker.process.pid, signal.SIGCONT)
+            worker.process.join(15)
+        if worker.process.is_alive():
+            os.kill(worker.process.pid, signal.SIGKILL)
+            worker.process.join(10)
+        worker.events.close()
+    final, commits = setup.outcome()
+    injected = sum(setup.proxy.injected.values()) if setup.proxy is not None else 0
+    return _check(setup.store, seed, final, commits, helds, faults, kills, pauses, jumps, injected, errors)
+
+
+def _check(store: str, seed: int, final: int, commits: list, helds: list, faults: list, kills: int, pauses: int,
+           jumps: int, injected: int, errors: dict) -> Report:
+    values = sorted(value for value, _, _ in commits)
+    double = len(values) - len(set(values))
+    lost = abs(final - len(commits)) + (0 if values == list(range(1, len(values) + 1)) or double else 1)
+    # Once the counter's writer changes, the old owner never commits again.
+    by_value = sorted(commits)
+    finished: set[str] = set()
+    stale, previous = 0, None
+    last_token = 0
+    for _, owner, token in by_value:
+        if owner != previous:
+            if owner in finished:
+                stale += 1
+            if previous is not None:
+                finished.add(previous)
+            previous = owner
+        if token is not None:
+            if token < last_token:
+                stale += 1
+            last_token = max(last_token, token)
+    recoveries = []
+    helds.sort()
+    for when, kind, owner in faults:
+        if kind not in ("kill_holder", "pause_holder") or owner is None:
+            continue
+        following = [t for t, o in helds if t > when and o != owner]
+        recoveries.append((following[0] - when) if following else float("inf"))
+    return Report(store=store, seed=seed, commits=len(commits), final=final, kills=kills, pauses=pauses,
+                  injected=injected, clock_jumps=jumps, lost_updates=lost, double_commits=double, stale_commits=stale,
+                  worst_recovery_s=max(recoveries, default=0.0), recoveries=len(recoveries), errors=errors)
+
+
+# ---- memory: threads ---------------------------------------------------------------------------------
+def _run_memory(seconds: float, count: int, seed: int, say: Callable[[str], None]) -> Report:
+    from fastlease import LockLost, LockNotAcquired, MemoryClient, SyncDistributedLock
+    from fastlease.exceptions import FastleaseError
+    from fastlease.testing import FaultInjector
+
+    rng = random.Random(seed)
+    target = workload.MemoryTarget()
+    with tempfile.TemporaryDirectory(prefix="fastlease-chaos-") as directory:
+        clock_path = os.path.join(directory, "wall-offset")
+        with open(clock_path, "wb") as handle:
+            handle.write(b"\0" * 8)
+        first = MemoryClient(clock=workload.JumpingClock(clock_path))
+        store = first._store
+        clients = [first] + [MemoryClient(store=store, clock=workload.JumpingClock(clock_path))
+                             for _ in range(count - 1)]
+        deadline = time.monotonic() + seconds
+        helds: list[tuple[float, str]] = []
+        faults: list[tuple[float, str, Optional[str]]] = []
+        errors: dict[str, int] = {}
+        stall_next: list[int] = [0]
+        lock = threading.Lock()
+
+        def loop(index: int) -> None:
+            thread_rng = random.Random(seed * 1000 + index)
+            client = clients[index]
+            while time.monotonic() < deadline:  # bounded by the deadline
+                guard = SyncDistributedLock(client, table=workload.TABLE, key=workload.KEY,
+                                            lease_duration=workload.LEASE_S, wait_timeout=workload.WAIT_S)
+                try:
+                    with guard as lease:
+                        with lock:
+                            helds.append((time.time(), lease.owner))
+                            stall = stall_next[0] > 0
+                            stall_next[0] = max(0, stall_next[0] - 1)
+                        if stall:  # a holder that stops for 1.5 leases (as SIGSTOP would)
+                            with lock:
+                                faults.append((time.time(), "pause_holder", lease.owner))
+                            time.sleep(1.5 * workload.LEASE_S)
+                        value = target.read()
+                        time.sleep(thread_rng.uniform(0.0, 0.01))
+                        target.write(value + 1, lease.fencing_token, lease.owner)
+                except (LockLost, LockNotAcquired, FastleaseError) as error:
+                    with lock:
+                        errors[type(error).__name__] = errors.get(type(error).__name__, 0) + 1
+                time.sleep(thread_rng.uniform(0.0, 0.01))
+
+        threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        jumps = pauses = injected = 0
+        while time.monotonic() < deadline - 1.0:  # bounded by the deadline
+            time.sleep(rng.uniform(0.4, 1.2))
+            kind = rng.choice(["pause_holder", "clock_jump", "lost_response", "delay", "timeout"])
+            if kind == "pause_holder":
+                with lock:
+                    stall_next[0] += 1
+                pauses += 1
+            elif kind == "clock_jump":
+                workload.set_wall_offset(clock_path, rng.choice((-1, 1)) * int(workload.LEASE_S * 1e9))
+                jumps += 1
+            else:
+                faults_hook = FaultInjector()
+                operation = rng.choice(["put_if_absent", "update_version_if", "delete_if_owner", "read"])
+                faults_hook.add(operation, kind, times=2, delay_s=0.5) if kind == "delay" else \
+                    faults_hook.add(operation, kind, times=2)
+                store.faults = faults_hook
+                injected += 1
+        for thread in threads:
+            thread.join(workload.WAIT_S + 10)
+        store.faults = None
+        for client in clients:
+            client.close()
+    return _check("memory", seed, target.value, list(target.commits), helds, faults, 0, pauses, jumps, injected,
+                  errors)

@@ -1,0 +1,91 @@
+"""The bounded chaos run of ``make test`` (about 60 s over the four stores; ``make chaos`` runs long ones),
+plus tests that the checker and the fault proxy can fail, so a clean run means something."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from .harness import RECOVERY_BOUND_S, _check, run
+from .proxy import FaultProxy
+
+SECONDS = {"memory": 10.0, "sqlite": 14.0, "redis": 14.0, "dynamodb": 16.0}
+
+
+@pytest.mark.parametrize("store", list(SECONDS))
+def test_mutual_exclusion_holds_under_faults(store, request):
+    if store == "redis":
+        request.getfixturevalue("redis_url")  # skips (or fails under CI=true) without a redis-server
+    lines: list[str] = []
+    report = run(store, SECONDS[store], say=lines.append)
+    print(report.line())
+    assert report["commits"] > 20, report
+    assert report["kills"] + report["pauses"] + report["injected"] + report["clock_jumps"] >= 3, report
+    assert (report["lost_updates"], report["double_commits"], report["stale_commits"]) == (0, 0, 0), report.line()
+    assert report["worst_recovery_s"] <= RECOVERY_BOUND_S, report.line()
+
+
+def test_the_checker_catches_each_violation():
+    clean = [(1, "a", 1), (2, "a", 1), (3, "b", 2)]
+    assert _check("x", 0, 3, clean, [], [], 0, 0, 0, 0, {})["lost_updates"] == 0
+    lost = _check("x", 0, 2, clean, [], [], 0, 0, 0, 0, {})  # two writers read the same value
+    assert lost["lost_updates"] > 0
+    double = _check("x", 0, 3, [(1, "a", 1), (2, "a", 1), (2, "b", 2)], [], [], 0, 0, 0, 0, {})
+    assert double["double_commits"] == 1
+    stale = _check("x", 0, 3, [(1, "a", 1), (2, "b", 2), (3, "a", 1)], [], [], 0, 0, 0, 0, {})
+    assert stale["stale_commits"] >= 1  # "a" committed again after "b" took over, with an older token
+    unrecovered = _check("x", 0, 1, [(1, "a", 1)], [(10.0, "a")], [(11.0, "kill_holder", "a")], 1, 0, 0, 0, {})
+    assert unrecovered["worst_recovery_s"] == float("inf")
+
+
+def test_the_proxy_loses_responses_delays_commits_and_partitions(redis_url, redis_db):
+    import redis
+
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    proxy = FaultProxy("127.0.0.1", port)
+    proxied = None
+    try:
+        proxy_port = proxy.start()
+        proxied = redis.Redis(port=proxy_port, socket_timeout=0.3, retry=None)
+        proxied.set("k", "0")
+        proxy.set_fault("lost_response")
+        with pytest.raises(redis.exceptions.ConnectionError):
+            proxied.set("k", "lost")
+        assert redis_db.get("k") == b"lost"  # applied; only the answer was lost
+        assert proxied.ping()  # connected again (the handshake must not be what the next fault delays)
+        proxy.set_fault("late_commit", 0.6)
+        with pytest.raises(redis.exceptions.TimeoutError):
+            proxied.set("k", "late")
+        assert redis_db.get("k") == b"lost"  # not yet ...
+        deadline = time.monotonic() + 10
+        while redis_db.get("k") != b"late":  # ... but later (bounded)
+            assert time.monotonic() < deadline, "the late commit never landed"
+            time.sleep(0.02)
+        assert proxied.ping()
+        proxy.set_fault("partition", 0.5)
+        with pytest.raises(redis.exceptions.TimeoutError):
+            proxied.set("k", "cut")
+        proxied.close()
+        deadline = time.monotonic() + 10
+        while True:  # bounded: the partition heals after its 0.5 s
+            proxied = redis.Redis(port=proxy_port, socket_timeout=0.3, retry=None)
+            try:
+                assert proxied.get("k") == b"late"  # the partitioned write was dropped, never applied
+                break
+            except redis.exceptions.TimeoutError:
+                proxied.close()
+                assert time.monotonic() < deadline, "the partition never healed"
+        with socket.create_connection(("127.0.0.1", proxy_port), timeout=5) as raw:
+            raw.sendall(b"PING\r\n")
+            assert raw.recv(16) == b"+PONG\r\n"
+            proxy.set_fault("reset")
+            try:
+                assert raw.recv(16) == b""  # closed under us
+            except ConnectionResetError:
+                pass
+    finally:
+        if proxied is not None:
+            proxied.close()
+        proxy.stop()

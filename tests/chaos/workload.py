@@ -1,0 +1,200 @@
+"""The guarded counter: every worker loops acquire -> read the counter -> write counter+1 -> release.
+
+The write commits only under the lease, the way users are told to do it on each store:
+
+* SQLite: one ``BEGIN IMMEDIATE`` transaction with ``lease.check_in(connection)``;
+* DynamoDB: one ``SyncTransaction`` with ``lease.check_in(tx)``;
+* Redis and memory: a fencing-token check (a Redis script; a critical section in memory) that refuses
+  a token lower than the highest seen.
+
+Each commit also appends (value, owner, token) to a commit log in the same atomic write, so commits of
+a worker killed right after are counted. The checker reads the counter and the log afterwards.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import struct
+import threading
+import time
+import uuid
+from typing import Any, Optional
+
+LEASE_S = 1.0
+WAIT_S = 10.0
+TABLE = "chaos_locks"
+KEY = "counter"
+COUNTER_TABLE = "chaos_counter"
+COMMITS_TABLE = "chaos_commits"
+CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
+
+#: Redis: the fenced write. KEYS: counter, max token, log. ARGV: value, token, owner.
+FENCED_INCREMENT = """
+local newest = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[2]) < newest then return 0 end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('RPUSH', KEYS[3], ARGV[1] .. '|' .. ARGV[3] .. '|' .. ARGV[2])
+return 1
+"""
+
+
+class JumpingClock:
+    """The system clocks, but the wall clock is offset by the harness (a shared 8-byte file): the
+    engine must only ever lose a lease early on a jump, never hold it longer."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "r+b")  # noqa: SIM115 - lives as long as the worker
+        self._map = mmap.mmap(self._file.fileno(), 8)
+
+    def monotonic_ns(self) -> int:
+        return time.monotonic_ns()
+
+    def time_ns(self) -> int:
+        return time.time_ns() + struct.unpack("q", self._map[:8])[0]
+
+    def wait(self, event: threading.Event, timeout_s: float) -> bool:
+        return event.wait(timeout_s)
+
+    def attach_scheduler(self, scheduler: Any) -> bool:
+        return False
+
+
+def set_wall_offset(path: str, offset_ns: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.write(struct.pack("q", offset_ns))
+
+
+# ---- one increment per store ---------------------------------------------------------------------
+def _increment_sqlite(lease: Any, path: str) -> bool:
+    import sqlite3
+
+    connection = sqlite3.connect(path, isolation_level=None, timeout=5)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            lease.check_in(connection)
+            (value,) = connection.execute("SELECT value FROM counter WHERE id = 1").fetchone()
+            connection.execute("UPDATE counter SET value = ? WHERE id = 1", (value + 1,))
+            connection.execute("INSERT INTO commits (value, owner, token) VALUES (?, ?, ?)",
+                               (value + 1, lease.owner, lease.fencing_token))
+            connection.execute("COMMIT")
+            return True
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
+    finally:
+        connection.close()
+
+
+def _increment_dynamodb(lease: Any, client: Any, plain: Any) -> bool:
+    from fastlease.dynamodb import SyncTransaction
+
+    item = plain.get_item(TableName=COUNTER_TABLE, Key={"id": {"S": KEY}}, ConsistentRead=True).get("Item")
+    value = int(item["value"]["N"]) if item else 0
+    with SyncTransaction(client) as tx:
+        lease.check_in(tx)
+        tx.put(COUNTER_TABLE, {"id": KEY, "value": value + 1})
+        tx.put(COMMITS_TABLE, {"id": uuid.uuid4().hex, "value": value + 1, "owner": lease.owner})
+    return True
+
+
+def _increment_redis(lease: Any, plain: Any) -> bool:
+    value = int(plain.get("chaos:counter") or 0)
+    return bool(plain.eval(FENCED_INCREMENT, 3, "chaos:counter", "chaos:max_token", "chaos:commits",
+                           value + 1, lease.fencing_token, lease.owner))
+
+
+class MemoryTarget:
+    """The memory store's counter, fenced in a critical section (workers are threads)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.value = 0
+        self.newest = 0
+        self.commits: list[tuple[int, str, int]] = []
+
+    def read(self) -> int:
+        with self.lock:
+            return self.value
+
+    def write(self, value: int, token: int, owner: str) -> bool:
+        with self.lock:
+            if token < self.newest:
+                return False
+            self.newest, self.value = token, value
+            self.commits.append((value, owner, token))
+            return True
+
+
+# ---- the worker ----------------------------------------------------------------------------------
+def make_client(store: str, target: str, clock: Any, plain: Any = None) -> Any:
+    if store == "sqlite":
+        from fastlease import SQLiteClient
+
+        return SQLiteClient(target, clock=clock)
+    if store == "redis":
+        from fastlease.stores.redis import RedisClient
+
+        return RedisClient(target, clock=clock)
+    from fastlease.dynamodb import DynamoDBClient
+
+    # Built on the retry-free client: SyncTransaction commits through it, never resending a commit.
+    return DynamoDBClient(plain if plain is not None else plain_client(store, target), clock=clock)
+
+
+def plain_client(store: str, target: str) -> Any:
+    """The worker's own client for the counter: no automatic retries, so an ambiguous write is never
+    sent twice behind its back (the commit log tells what happened)."""
+    if store == "redis":
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        return redis.Redis.from_url(target, retry=Retry(NoBackoff(), 0), socket_timeout=2)
+    if store == "dynamodb":
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("dynamodb", endpoint_url=target, **CREDENTIALS,
+                            config=Config(retries={"total_max_attempts": 1}, read_timeout=2, connect_timeout=2))
+    return None
+
+
+def work(store: str, target: str, clock_path: Optional[str], stop_at: float, seed: int, events: Any) -> None:
+    """A worker process: loop until ``stop_at`` (on the monotonic clock, which is system-wide on
+    Linux); report each acquisition ("held", pid, owner, t) and each error ("error", pid, name, t)."""
+    from fastlease import LockLost, LockNotAcquired, SyncDistributedLock
+    from fastlease.exceptions import FastleaseError
+
+    rng = random.Random(seed)
+    clock = JumpingClock(clock_path) if clock_path else None
+    plain = plain_client(store, target)
+    client = make_client(store, target, clock, plain)
+    deadline = stop_at
+    pid = os.getpid()
+    try:
+        while time.monotonic() < deadline:  # bounded by the deadline
+            # Waits end soon after the run does, so that the harness is not kept waiting.
+            wait_s = max(0.5, min(WAIT_S, deadline - time.monotonic() + 1.0))
+            guard = SyncDistributedLock(client, table=TABLE, key=KEY, lease_duration=LEASE_S, wait_timeout=wait_s)
+            try:
+                with guard as lease:
+                    events.put(("held", pid, lease.owner, time.time()))
+                    time.sleep(rng.uniform(0.0, 0.05))  # work before the write (a pause may land here)
+                    if store == "sqlite":
+                        _increment_sqlite(lease, target)
+                    elif store == "dynamodb":
+                        _increment_dynamodb(lease, client, plain)
+                    else:
+                        _increment_redis(lease, plain)
+            except (LockLost, LockNotAcquired, FastleaseError, OSError, ValueError) as error:
+                events.put(("error", pid, type(error).__name__, time.time()))
+            except Exception as error:  # noqa: BLE001 - a store error from the counter client
+                events.put(("error", pid, type(error).__name__, time.time()))
+            time.sleep(rng.uniform(0.0, 0.02))
+    finally:
+        client.close()
