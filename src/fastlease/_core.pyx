@@ -295,7 +295,7 @@ cdef class KeyTemplate:
                 name = source[i + 1:end] if end >= 0 else ""
                 if end < 0 or not name.isidentifier():
                     raise ValueError(
-                        f"key template {source!r}: placeholder at offset {i} must be {{argument_name}}"
+                        f"key template {source!r:.200}: placeholder at offset {i} must be {{argument_name}}"
                     )
                 literals.append("".join(text))
                 text = []
@@ -303,7 +303,7 @@ cdef class KeyTemplate:
                 i = end + 1
             elif ch == "}":
                 if not source.startswith("}}", i):
-                    raise ValueError(f"key template {source!r}: single '}}' at offset {i}; write '}}}}'")
+                    raise ValueError(f"key template {source!r:.200}: single '}}' at offset {i}; write '}}}}'")
                 text.append("}")
                 i += 2
             else:
@@ -325,7 +325,7 @@ cdef class KeyTemplate:
         cdef list parts
         cdef str value
         if len(values) != count:
-            raise TypeError(f"key template {self.template!r} takes {count} values, got {len(values)}")
+            raise TypeError(f"key template {self.template!r:.200} takes {count} values, got {len(values)}")
         if count == 0:
             return self._literals[0]
         for i in range(count):

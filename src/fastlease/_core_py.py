@@ -211,7 +211,7 @@ class KeyTemplate:
                 name = template[i + 1 : end] if end >= 0 else ""
                 if end < 0 or not name.isidentifier():
                     raise ValueError(
-                        f"key template {template!r}: placeholder at offset {i} must be {{argument_name}}"
+                        f"key template {template!r:.200}: placeholder at offset {i} must be {{argument_name}}"
                     )
                 literals.append("".join(text))
                 text = []
@@ -219,7 +219,7 @@ class KeyTemplate:
                 i = end + 1
             elif ch == "}":
                 if not template.startswith("}}", i):
-                    raise ValueError(f"key template {template!r}: single '}}' at offset {i}; write '}}}}'")
+                    raise ValueError(f"key template {template!r:.200}: single '}}' at offset {i}; write '}}}}'")
                 text.append("}")
                 i += 2
             else:
@@ -237,7 +237,7 @@ class KeyTemplate:
         names = self.names
         literals = self._literals
         if len(values) != len(names):
-            raise TypeError(f"key template {self.template!r} takes {len(names)} values, got {len(values)}")
+            raise TypeError(f"key template {self.template!r:.200} takes {len(names)} values, got {len(values)}")
         if not names:
             return literals[0]
         for name, value in zip(names, values):

@@ -213,7 +213,12 @@ def test_fencing_tokens_strictly_increase_and_survive_release_or_are_absent(stor
         assert tokens == [1, 1, 2, 2, 3, 1]
 
 
-@pytest.mark.parametrize("key", ["a", "a ", "A", "é", "{k}", "k'\"\n;--", "x" * 2048, "日本:🙂"])
+@pytest.mark.parametrize("key", [
+    "a", "a ", "A", "é", "{k}", "k'\"\n;--", "x" * 2048, "日本:🙂",
+    # Shaped like injections into each store's language: stored and matched literally, or refused.
+    "#owner = :owner OR attribute_exists(#key)", "x'); DROP TABLE fastlease_lock_locks; --",
+    "]] .. redis.call('FLUSHALL') .. [[", "%s%n%x${jndi:ldap://127.0.0.1/a}", "\x00\x01\r\n*1\r\n$4\r\nPING\r\n",
+])
 def test_keys_and_tables_are_isolated_and_exact(store, key):
     assert put(store, key=key, owner="mine") is True
     assert put(store, key=key, table="other", owner="theirs") is True
