@@ -14,10 +14,14 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=None, help="replay a run (each run prints its seed)")
+    parser.add_argument("--faults", default="", help="comma-separated fault kinds to inject alone (default: all, "
+                        "mixed): kill_holder, kill_waiter, pause_holder, clock_jump, lost_response, late_commit, "
+                        "stall, partition, reset")
     args = parser.parse_args()
     failed = False
     for store in (STORES if args.store == "all" else (args.store,)):
         report = run(store, args.seconds, workers=args.workers, seed=args.seed,
+                     faults=set(filter(None, args.faults.split(","))) or None,
                      say=lambda line: print(line, flush=True))
         print(report.line(), flush=True)
         print(f"  errors seen by workers: {report['errors']}", flush=True)
