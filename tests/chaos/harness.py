@@ -123,7 +123,10 @@ class _Setup:
             self.direct = self._server.start(timeout_s=60)
             port = int(self.direct.rsplit(":", 1)[1])
             plain = boto3.client("dynamodb", endpoint_url=self.direct, **workload.CREDENTIALS)
-            for table, key in ((workload.TABLE, "key"), (workload.COUNTER_TABLE, "id"), (workload.COMMITS_TABLE, "id")):
+            tables = [(workload.TABLE, "key"), (workload.COUNTER_TABLE, "id")]
+            tables += [(workload.commits_table(n * workload.COMMITS_PER_TABLE), "id")
+                       for n in range(workload.COMMIT_TABLES)]
+            for table, key in tables:
                 plain.create_table(TableName=table, AttributeDefinitions=[{"AttributeName": key, "AttributeType": "S"}],
                                    KeySchema=[{"AttributeName": key, "KeyType": "HASH"}], BillingMode="PAY_PER_REQUEST")
         self.proxy = FaultProxy("127.0.0.1", port)
@@ -151,8 +154,10 @@ class _Setup:
         item = plain.get_item(TableName=workload.COUNTER_TABLE, Key={"id": {"S": workload.KEY}},
                               ConsistentRead=True).get("Item")
         commits = []
-        for page in plain.get_paginator("scan").paginate(TableName=workload.COMMITS_TABLE, ConsistentRead=True):
-            commits.extend((int(i["value"]["N"]), i["owner"]["S"], None) for i in page["Items"])
+        for n in range(workload.COMMIT_TABLES):
+            table = workload.commits_table(n * workload.COMMITS_PER_TABLE)
+            for page in plain.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
+                commits.extend((int(i["value"]["N"]), i["owner"]["S"], None) for i in page["Items"])
         return (int(item["value"]["N"]) if item else 0), commits
 
     def close(self) -> None:
@@ -284,16 +289,19 @@ def _check(store: str, seed: int, final: int, commits: list, helds: list, faults
             if token < last_token:
                 stale += 1
             last_token = max(last_token, token)
-    recoveries = []
+    recoveries: list[float] = []
+    slowest: list[tuple[float, str, float]] = []
     helds.sort()
     for when, kind, owner in faults:
         if kind not in ("kill_holder", "pause_holder") or owner is None:
             continue
         following = [t for t, o in helds if t > when and o != owner]
         recoveries.append((following[0] - when) if following else float("inf"))
+        slowest.append((recoveries[-1], kind, when))
     return Report(store=store, seed=seed, commits=len(commits), final=final, kills=kills, pauses=pauses,
                   injected=injected, clock_jumps=jumps, lost_updates=lost, double_commits=double, stale_commits=stale,
-                  worst_recovery_s=max(recoveries, default=0.0), recoveries=len(recoveries), errors=errors)
+                  worst_recovery_s=max(recoveries, default=0.0), recoveries=len(recoveries), errors=errors,
+                  slowest=sorted(slowest, reverse=True)[:5])
 
 
 # ---- memory: threads ---------------------------------------------------------------------------------
