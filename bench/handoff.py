@@ -77,13 +77,17 @@ def run_worker(library: str, client: Any, seconds: float, start_at: float) -> di
 
 
 def process_worker(library: str, endpoint: str, seconds: float, start_at: float, out: Any) -> None:
-    if endpoint.startswith("redis://"):
+    if endpoint.startswith("sqlite:"):
+        from fastlease import SQLiteClient
+
+        client: Any = SQLiteClient(endpoint[len("sqlite:"):])
+    elif endpoint.startswith("redis://"):
         from fastlease.stores.redis import RedisClient
 
         if library in REDIS_PEERS:
             import redis
 
-            client: Any = redis.Redis.from_url(endpoint)
+            client = redis.Redis.from_url(endpoint)
         else:
             client = RedisClient(endpoint, wake_on_release=library == "fastlease")
             library = "fastlease"
@@ -157,7 +161,8 @@ def threads_on_memory(library: str, seconds: float) -> list[dict[str, Any]]:
 
 
 def processes_on(library: str, endpoint: str, seconds: float) -> list[dict[str, Any]]:
-    """WORKERS spawned processes, one client each, on the store at ``endpoint`` (moto or redis://)."""
+    """WORKERS spawned processes, one client each, on the store at ``endpoint`` (moto, redis:// or
+    sqlite:PATH)."""
     context = multiprocessing.get_context("spawn")
     start_at = time.monotonic() + 3.0  # time for the children to import and connect
     pipes, processes = [], []

@@ -13,7 +13,6 @@ Run: ``.venv/bin/python bench/sqlite_cycle.py [--cycles N] [--rounds R] [--secon
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import platform
 import statistics
@@ -35,42 +34,6 @@ def cycles(client: Any, count: int) -> float:
         with SyncDistributedLock(client, table="locks", key="bench"):
             pass
     return count / (time.perf_counter() - start)
-
-
-def sqlite_worker(path: str, seconds: float, start_at: float, out: Any) -> None:
-    client = SQLiteClient(path)
-    try:
-        out.send(handoff.run_worker("fastlease", client, seconds, start_at))
-    except BaseException as error:  # reported by the parent, not lost with the process
-        out.send({"holds": [], "reads": 0, "waited_ms": 0.0, "error": f"{type(error).__name__}: {error}"})
-    finally:
-        client.close()
-
-
-def processes_on_sqlite(path: str, seconds: float) -> list[dict[str, Any]]:
-    context = multiprocessing.get_context("spawn")
-    start_at = time.monotonic() + 2.0  # time for the children to import
-    pipes, processes = [], []
-    for _ in range(handoff.WORKERS):
-        receiver, sender = context.Pipe(duplex=False)
-        process = context.Process(target=sqlite_worker, args=(path, seconds, start_at, sender))
-        process.start()
-        pipes.append(receiver)
-        processes.append(process)
-    try:
-        silent = {"holds": [], "reads": 0, "waited_ms": 0.0, "error": "no report (the process died)"}
-        results = []
-        for pipe in pipes:
-            try:
-                results.append(pipe.recv() if pipe.poll(seconds + 60) else silent)
-            except EOFError:
-                results.append(silent)
-        return results
-    finally:
-        for process in processes:
-            process.join(10)
-            if process.is_alive():
-                process.kill()
 
 
 def main() -> int:
@@ -112,7 +75,8 @@ def main() -> int:
     print(f"{'setup':<34}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
           f"{'reads/acq':>11}{'reads/s wait':>14}")
     handoff.summarise("fastlease: processes, SQLite",
-                      processes_on_sqlite(os.path.join(directory, "handoff.db"), args.seconds))
+                      handoff.processes_on("fastlease", "sqlite:" + os.path.join(directory, "handoff.db"),
+                                           args.seconds))
     for name in os.listdir(directory):
         os.remove(os.path.join(directory, name))
     os.rmdir(directory)

@@ -62,23 +62,17 @@ class Store:
             client.close()
 
 
-@pytest.fixture(params=STORES)
-def store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    opened = Store(request, request.param)
+def opened(request: pytest.FixtureRequest) -> Iterator[Store]:
+    store = Store(request, request.param)
     try:
-        yield opened
+        yield store
     finally:
-        opened.close()
+        store.close()
 
 
-@pytest.fixture(params=[kind for kind in STORES if kind != "memory"])
-def shared_store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    """A store that other processes reach too."""
-    opened = Store(request, request.param)
-    try:
-        yield opened
-    finally:
-        opened.close()
+store = pytest.fixture(params=STORES, name="store")(opened)
+#: A store that other processes reach too.
+shared_store = pytest.fixture(params=[kind for kind in STORES if kind != "memory"], name="shared_store")(opened)
 
 
 def run_threads(count: int, target: Any) -> list[Any]:
