@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -137,9 +138,7 @@ def main() -> int:
         print(f"fastlease / powertools on DynamoDB: first execution {ours[0][0] / theirs[0][0]:.2f}x wall, "
               f"{ours[0][1] / theirs[0][1]:.2f}x CPU; replay {ours[1][0] / theirs[1][0]:.2f}x wall, "
               f"{ours[1][1] / theirs[1][1]:.2f}x CPU")
-    for name in os.listdir(directory):
-        os.remove(os.path.join(directory, name))
-    os.rmdir(directory)
+    shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -77,9 +78,7 @@ def main() -> int:
     handoff.summarise("fastlease: processes, SQLite",
                       handoff.processes_on("fastlease", "sqlite:" + os.path.join(directory, "handoff.db"),
                                            args.seconds))
-    for name in os.listdir(directory):
-        os.remove(os.path.join(directory, name))
-    os.rmdir(directory)
+    shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 
 import mp_workers
-from fastlease import LockLost, MemoryClient, SQLiteClient
+from fastlease import LockLost, MemoryClient, SQLiteClient, SyncDistributedLock
 from fastlease.idempotency import (
     IdempotencyInProgress,
     IdempotencyKeyMismatch,
@@ -355,7 +355,7 @@ def test_the_completion_releases_the_lease_in_the_same_request(core):
         call.complete("ok")
         assert store.rows("payments_locks") == {}  # gone with the record's write, no delete sent
     assert store.read_record("payments", "p", 1.0).result == b'"ok"'
-    with SyncDistributedLockOn(client, "payments_locks", "p"):
+    with SyncDistributedLock(client, table="payments_locks", key="p", wait_timeout=0):
         pass  # and the key is free for the next holder
 
 
@@ -378,8 +378,3 @@ def test_a_completion_whose_answer_is_lost_is_recognised_as_ours(core, monkeypat
     with IdempotentCall(client, table="payments", key="p") as again:
         assert again.replayed and again.result == {"receipt": 1}
 
-
-def SyncDistributedLockOn(client: Any, table: str, key: str) -> Any:  # noqa: N802 - reads as a guard
-    from fastlease import SyncDistributedLock
-
-    return SyncDistributedLock(client, table=table, key=key, wait_timeout=0)

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import queue
 import random
+import shutil
 import signal
 import tempfile
 import threading
@@ -105,7 +106,7 @@ def _store_spec(store: str, path: Optional[str], endpoint_url: Optional[str], re
         if path is None:
             directory = tempfile.mkdtemp(prefix="fastlease-demo-")
             path = os.path.join(directory, "locks.db")
-            cleanup.append(lambda: _remove_tree(directory))
+            cleanup.append(lambda: shutil.rmtree(directory, ignore_errors=True))
         from .stores.sqlite import SQLiteClient
 
         SQLiteClient(path).close()  # bad paths fail here, in the parent, with one clear error
@@ -161,12 +162,6 @@ def _store_spec(store: str, path: Optional[str], endpoint_url: Optional[str], re
         say("store: in-memory (workers are threads of this process; the crash is simulated)")
         return ("memory", MemoryStore())
     raise DemoError(f"unknown store {store!r}; expected one of {', '.join(STORES)}")
-
-
-def _remove_tree(directory: str) -> None:
-    for name in os.listdir(directory):
-        os.remove(os.path.join(directory, name))
-    os.rmdir(directory)
 
 
 def run(store: str = "sqlite", workers: int = 4, seconds: float = 10.0, *, path: Optional[str] = None,

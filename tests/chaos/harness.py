@@ -173,7 +173,6 @@ def _run_processes(setup: _Setup, clock_path: str, seconds: float, count: int, s
     start = time.monotonic()
     deadline = start + seconds
     pool = [_Worker(setup.store, setup.target, clock_path, deadline, seed * 1000 + i) for i in range(count)]
-    holder: dict[str, Any] = {}  # owner -> worker, for the latest acquisitions
     latest: Optional[tuple[str, Any]] = None  # (owner, worker) of the last "held" event
     helds: list[tuple[float, str]] = []
     faults: list[tuple[float, str, Optional[str]]] = []  # (time, kind, owner of the holder hit)
@@ -204,7 +203,6 @@ def _run_processes(setup: _Setup, clock_path: str, seconds: float, count: int, s
                 continue
             if event[0] == "held":
                 latest = (event[2], worker)
-                holder[event[2]] = worker
                 helds.append((event[3], event[2]))
                 if event[2] != recovering_from:
                     recovering_from = None

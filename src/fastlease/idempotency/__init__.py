@@ -25,7 +25,6 @@ an expiry column on SQLite and in memory; an expired record is ignored even befo
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
 import hashlib
 import inspect
@@ -275,7 +274,7 @@ class IdempotentCall:
         self.replayed = True
         return True
 
-    def _in_progress(self, error: LockNotAcquired) -> IdempotencyInProgress:
+    def _in_progress(self) -> IdempotencyInProgress:
         return IdempotencyInProgress(
             f"a call with idempotency key {self.key!r} is in progress", key=self.key, retry_after=RETRY_AFTER_S
         )
@@ -283,9 +282,8 @@ class IdempotentCall:
     def _timeout_s(self) -> float:
         return min(self._spec.lease_duration / 3, 5.0)
 
-    def _write(self, state: str, data: bytes) -> None:
-        """Store the record and release the lease, in one atomic request conditioned on our lease;
-        LockLost if the lease is no longer ours (a successor may be running: we must not write)."""
+    def _record(self, state: str, data: bytes) -> Record:
+        """The record this call stores: refused before anything is written if the store cannot hold it."""
         spec = self._spec
         limit = spec.store.max_result_bytes
         if limit is not None and len(data) > limit:
@@ -295,8 +293,14 @@ class IdempotentCall:
                 key=self.key,
             )
         expires = self._now_ms() + int(spec.ttl * 1000) if spec.ttl is not None else 0
+        return Record(state, self.fingerprint, data, expires, self._lock.owner)
+
+    def _write(self, state: str, data: bytes) -> None:
+        """Store the record and release the lease, in one atomic request conditioned on our lease;
+        LockLost if the lease is no longer ours (a successor may be running: we must not write)."""
+        spec = self._spec
         lease = self._lock
-        record = Record(state, self.fingerprint, data, expires, lease.owner)
+        record = self._record(state, data)
         finished = False
         for attempt in range(WRITE_ATTEMPTS):
             lease.raise_if_lost()  # never write on a lapsed lease
@@ -344,14 +348,10 @@ class IdempotentCall:
         committed, leaving the block only releases the lease."""
         if self.state != "PROCESSING":
             raise RuntimeError(f"complete_in() needs a call in progress, this one is {self.state.lower()}")
-        data = self._spec.serializer.dumps(result)
-        expires = self._now_ms() + int(self._spec.ttl * 1000) if self._spec.ttl is not None else 0
-        item: dict[str, Any] = {"key": self.key, "state": COMPLETED, "fingerprint": self.fingerprint,
-                                "result": base64.b64encode(data).decode(), "expires_at_ms": expires,
-                                "owner": self._lock.owner}
-        if expires:
-            item["expires_at"] = expires // 1000 + 1
-        transaction.put(self._spec.table, item)
+        from ..stores.dynamodb import record_item
+
+        record = self._record(COMPLETED, self._spec.serializer.dumps(result))
+        transaction.put(self._spec.table, record_item(self.key, record))
         self._transaction = transaction
         self.result = result
         self.state = "COMPLETING"
@@ -378,10 +378,10 @@ class IdempotentCall:
             return self
         try:
             self._lock.__enter__()
-        except LockNotAcquired as error:
+        except LockNotAcquired:
             if self._spec.wait and self._lookup():  # the first call finished while we waited
                 return self
-            raise self._in_progress(error) from None
+            raise self._in_progress() from None
         try:
             if self._lookup():  # completed between our read and our lease
                 self._lock.__exit__(None, None, None)

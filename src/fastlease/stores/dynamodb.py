@@ -370,16 +370,8 @@ class DynamoDBStore:
             raise MalformedLockRow(f"idempotency record of {key!r} in {table!r} is malformed", key=key) from error
 
     def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
-        item = {
-            "key": {"S": key},
-            "state": {"S": record.state},
-            "fingerprint": {"S": record.fingerprint},
-            "result": {"S": base64.b64encode(record.result).decode()},
-            "expires_at_ms": {"N": str(record.expires_at_ms)},
-            "owner": {"S": record.owner},
-        }
-        if record.expires_at_ms:
-            item["expires_at"] = {"N": str(record.expires_at_ms // 1000 + 1)}  # the table's TTL attribute (s)
+        item = {name: ({"N": str(value)} if isinstance(value, int) else {"S": value})
+                for name, value in record_item(key, record).items()}
         params = {"TransactItems": [
             {"Delete": {"TableName": lock_table, "Key": {"key": {"S": key}},
                         "ConditionExpression": OWNER_CONDITION, "ExpressionAttributeNames": dict(_OWNER_NAMES),
@@ -399,6 +391,22 @@ class DynamoDBStore:
                                  maybe_committed=True) from error
             raise StoreRequestRejected(f"DynamoDB rejected the record of {key!r}: {error}", key=key) from error
         return True
+
+
+def record_item(key: str, record: Record) -> dict[str, Any]:
+    """An idempotency record as the item stored (plain values: str and int), for ``finish_if_owner``
+    and for a caller's own transaction (``IdempotentCall.complete_in``)."""
+    item: dict[str, Any] = {
+        "key": key,
+        "state": record.state,
+        "fingerprint": record.fingerprint,
+        "result": base64.b64encode(record.result).decode(),
+        "expires_at_ms": record.expires_at_ms,
+        "owner": record.owner,
+    }
+    if record.expires_at_ms:
+        item["expires_at"] = record.expires_at_ms // 1000 + 1  # the table's TTL attribute, in seconds
+    return item
 
 
 class DynamoDBClient(LeaseClient):

@@ -34,6 +34,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
+from .._core_py import check_table
 from ..client import LeaseClient
 from ..exceptions import MalformedLockRow, StoreError, StoreRequestRejected
 from .base import NO_USAGE, LockRow, Record, UsageMeter
@@ -41,7 +42,6 @@ from .base import NO_USAGE, LockRow, Record, UsageMeter
 __all__ = ["RedisClient", "RedisStore", "RedisReleaseFeed", "PREFIX"]
 
 PREFIX = "fastlease"
-_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
 # ---------------------------------------------------------------------------------------------
 # The scripts. Each one is the whole of one protocol step, atomic on the server. They check
@@ -150,12 +150,6 @@ MAX_SOCKET_TIMEOUT_S = 5.0
 #: Error replies by their first word. Transient: the command did not run, and waiting may fix it.
 #: Everything else that is not listed (NOPERM, NOAUTH, ERR ...) is refused for good.
 _TRANSIENT_REPLIES = frozenset({"BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "OOM", "CLUSTERDOWN"})
-
-
-def check_prefix_table(table: str) -> str:
-    if type(table) is not str or not 3 <= len(table) <= 255 or not set(table) <= _ALPHABET:
-        raise ValueError(f"table must be 3-255 characters of A-Z a-z 0-9 _ . -, got {table!r:.80}")
-    return table
 
 
 def lease_key(table: str, key: str) -> bytes:
@@ -429,7 +423,7 @@ class RedisStore:
 
     def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
         """Held leases of ``table`` (or only ``key``'s), as stored. SCAN, then one HGETALL each."""
-        check_prefix_table(table)
+        check_table(table)  # the engine's rule: no ':' or glob character can reach the SCAN pattern
         timeout_s = 5.0
         if key is not None:
             keys = [key]
@@ -525,7 +519,6 @@ class RedisReleaseFeed:
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self.delivered = 0
-        self.enabled = True
 
     def watch(self, table: str, key: str, wake: Callable[[], None]) -> Watch:
         """Call ``wake()`` (on the listener thread; it must be quick and never raise) whenever the
@@ -538,7 +531,7 @@ class RedisReleaseFeed:
             ident = next(self._idents)
             channel.watchers[ident] = wake
             was_ready = channel.ready.is_set()
-            if self.enabled and not self._stop.is_set() and (self._thread is None or not self._thread.is_alive()):
+            if not self._stop.is_set() and (self._thread is None or not self._thread.is_alive()):
                 self._thread = threading.Thread(target=self._listen, name="fastlease-redis-feed", daemon=True)
                 self._thread.start()
         return Watch(name, ident, channel.ready, was_ready)
@@ -682,7 +675,6 @@ class RedisClient(LeaseClient):
             raise TypeError(f"wake_on_release must be a bool, got {wake_on_release!r}")
         self.redis = client
         self.store = RedisStore(client.connection_pool)
-        self.store.release_feed.enabled = wake_on_release
         super().__init__(self.store, clock=clock, **engine)
         self._release_feed = self.store.release_feed if wake_on_release else None
 

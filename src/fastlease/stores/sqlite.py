@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Any, Optional
 
+from .._core_py import check_table
 from ..client import LeaseClient
 from ..exceptions import LockLost, StoreError, StoreRequestRejected
 from .base import LockRow, Record, UsageMeter
@@ -86,14 +87,10 @@ VALUES (?, ?, ?, ?, ?, ?)"""
 _PURGE_RECORDS = """DELETE FROM "{name}" WHERE key IN (SELECT key FROM "{name}"
 WHERE expires_at_ms > 0 AND expires_at_ms < ? LIMIT 16)"""
 
-_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
-
-
 def sql_table_name(table: str) -> str:
-    """The SQL table behind lock table ``table``; rejects names outside the library's alphabet."""
-    if type(table) is not str or not 3 <= len(table) <= 255 or not set(table) <= _ALPHABET:
-        raise ValueError(f"table must be 3-255 characters of A-Z a-z 0-9 _ . -, got {table!r:.80}")
-    return _PREFIX + table
+    """The SQL table behind lock table ``table``; rejects names outside the library's alphabet (the
+    engine's own rule, so a name is valid on every store or on none)."""
+    return _PREFIX + check_table(table)
 
 
 def _describe(error: sqlite3.Error) -> str:
@@ -182,16 +179,11 @@ class SQLiteStore:
             self._tables.add(table)
         return connection
 
-    def _run(self, table: str, key: str, timeout_s: float, action: Any) -> Any:
+    def _run(self, table: Optional[str], key: str, timeout_s: float, action: Any) -> Any:
+        """``action(connection, lock table's SQL name)`` with this request's busy timeout; with table
+        None no lock table is touched (the name passed is None)."""
         try:
-            return action(self._prepared(table, timeout_s), _PREFIX + table)
-        except sqlite3.DatabaseError as error:
-            raise self._classify(error, key) from error
-
-    def _run_plain(self, key: str, timeout_s: float, action: Any) -> Any:
-        """``action(connection)`` with this request's busy timeout, without touching any lock table."""
-        try:
-            return action(self._prepared(None, timeout_s))
+            return action(self._prepared(table, timeout_s), None if table is None else _PREFIX + table)
         except sqlite3.DatabaseError as error:
             raise self._classify(error, key) from error
 
@@ -292,15 +284,15 @@ class SQLiteStore:
         return name
 
     def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
-        def read(connection: sqlite3.Connection) -> Any:
+        def read(connection: sqlite3.Connection, _: None) -> Any:
             return connection.execute(_READ_RECORD.format(name=self._records_table(connection, table)),
                                       (key,)).fetchone()
 
-        found = self._run_plain(key, timeout_s, read)
+        found = self._run(None, key, timeout_s, read)
         return None if found is None else Record(found[0], found[1], bytes(found[2]), found[3], found[4])
 
     def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
-        records = self._run_plain(key, timeout_s, lambda connection: self._records_table(connection, table))
+        records = self._run(None, key, timeout_s, lambda connection, _: self._records_table(connection, table))
 
         def finish(connection: sqlite3.Connection, locks: str) -> bool:
             if connection.execute(_FREE.format(name=locks), (key, record.owner)).rowcount != 1:
