@@ -122,22 +122,11 @@ def moto_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """One real redis-server (127.0.0.1, a free port, no persistence) for the whole session, stopped by
-    its PID. It skips only where the server cannot start, and never in CI (CI=true): there it fails."""
-    from fastlease.testing_redis import RedisServer, RedisServerUnavailable
-
-    server = RedisServer()
-    try:
-        url = server.start()
-    except RedisServerUnavailable as error:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI=true: the Redis tests must run, but {error}")
-        pytest.skip(str(error))
-    try:
-        yield url
-    finally:
-        server.stop()
+def redis_url(fastlease_redis_url: str) -> str:
+    """One real redis-server for the whole session: fastlease.testing's fixture (loaded by ``-p`` in
+    pyproject's addopts, before this file imports the module), which skips only where the
+    server cannot start, and never in CI (CI=true): there it fails."""
+    return fastlease_redis_url
 
 
 @pytest.fixture

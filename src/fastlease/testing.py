@@ -1,19 +1,46 @@
-"""Test helpers: a deterministic :class:`FakeClock` and a :class:`FaultInjector` for MemoryStore.
+"""Test helpers: a deterministic :class:`FakeClock`, a :class:`FaultInjector` for MemoryStore, and
+pytest fixtures for code that uses fastlease.
 
 ``FakeClock`` replaces both clocks of a client (``MemoryClient(clock=FakeClock())``). Waiting on it
 moves time instead of sleeping, and moving time runs every renewal that falls due on the way, in
 order, in the calling thread, so tests of takeover and renewal are exact and instant.
+
+The fixtures load with ``pytest_plugins = ["fastlease.testing"]`` in a ``conftest.py``:
+
+- ``fastlease_clock``: a :class:`FakeClock`;
+- ``fastlease_memory_client``: a ``MemoryClient`` on that clock (closed after the test);
+- ``fastlease_sqlite_client``: a ``SQLiteClient`` on a file in the test's ``tmp_path``;
+- ``fastlease_dynamodb_table``: the lock table name the DynamoDB fixture creates (override it to choose);
+- ``fastlease_dynamodb_client``: a ``DynamoDBClient`` inside moto's in-process ``mock_aws`` (fake
+  credentials, ``us-east-1``), its lock table created (needs ``boto3`` and ``moto``);
+- ``fastlease_redis_url``: one ``redis-server`` per session on a free 127.0.0.1 port, no persistence,
+  stopped by its PID. Where ``redis-server`` is not installed the tests that use it skip, except when
+  the environment has ``CI=true``: a CI run fails instead, so it can never pass by skipping them.
+
+Importing this module imports pytest only when pytest is installed; the other helpers need nothing.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .exceptions import StoreError
 from .stores.base import NO_USAGE  # re-exported for tests that call store operations directly
 
-__all__ = ["FakeClock", "FaultInjector", "FAULTS", "NO_USAGE"]
+__all__ = [
+    "FakeClock",
+    "FaultInjector",
+    "FAULTS",
+    "NO_USAGE",
+    "fastlease_clock",
+    "fastlease_dynamodb_client",
+    "fastlease_dynamodb_table",
+    "fastlease_memory_client",
+    "fastlease_redis_url",
+    "fastlease_sqlite_client",
+]
 
 #: Injectable faults. ``delay``: the request takes ``delay_s``; past its timeout it still commits but
 #: reports a timeout (a late commit). ``lost_response``: applied, then reported as a timeout.
@@ -153,3 +180,91 @@ class FaultInjector:
             raise StoreError(f"injected: {operation} timed out after {timeout_s:g}s", maybe_committed=True)
         self._pass_time(delay_s)
         return apply(*args)
+
+
+# ---- pytest fixtures (``pytest_plugins = ["fastlease.testing"]``) ----------------------------------
+try:
+    import pytest
+except ImportError:  # the helpers above work without pytest; the fixtures need it
+    pytest = None  # type: ignore[assignment]
+
+
+def _running_in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+if pytest is not None:
+
+    @pytest.fixture
+    def fastlease_clock() -> FakeClock:
+        """A :class:`FakeClock`: time moves only when the test (or a wait) moves it."""
+        return FakeClock()
+
+    @pytest.fixture
+    def fastlease_memory_client(fastlease_clock: FakeClock) -> Iterator[Any]:
+        """A ``MemoryClient`` on ``fastlease_clock``: renewals and takeovers happen as the test advances it."""
+        from .stores.memory import MemoryClient
+
+        client = MemoryClient(clock=fastlease_clock)
+        try:
+            yield client
+        finally:
+            client.close()
+
+    @pytest.fixture
+    def fastlease_sqlite_client(tmp_path: Any) -> Iterator[Any]:
+        """A ``SQLiteClient`` on ``tmp_path / "fastlease.sqlite3"`` (real clocks; other processes may open it)."""
+        from .stores.sqlite import SQLiteClient
+
+        client = SQLiteClient(tmp_path / "fastlease.sqlite3")
+        try:
+            yield client
+        finally:
+            client.close()
+
+    @pytest.fixture
+    def fastlease_dynamodb_table() -> str:
+        """The lock table ``fastlease_dynamodb_client`` creates; override this fixture to choose another name."""
+        return "locks"
+
+    @pytest.fixture
+    def fastlease_dynamodb_client(fastlease_dynamodb_table: str) -> Iterator[Any]:
+        """A ``DynamoDBClient`` inside moto's in-process ``mock_aws`` with ``fastlease_dynamodb_table`` created.
+
+        Every boto3 client the test makes while it runs also talks to the same mock. In-process moto does
+        not make conditional writes atomic against concurrent threads: tests of races between processes
+        need a moto server (``fastlease.testing_moto.MotoServer`` serialises its requests)."""
+        import boto3
+        from moto import mock_aws
+
+        from .stores.dynamodb import DynamoDBClient
+
+        with mock_aws():
+            session = boto3.session.Session(
+                aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+            )
+            client = DynamoDBClient(session=session)
+            client.create_lock_table(fastlease_dynamodb_table)
+            try:
+                yield client
+            finally:
+                client.close()
+
+    @pytest.fixture(scope="session")
+    def fastlease_redis_url() -> Iterator[str]:
+        """``redis://127.0.0.1:<port>/0`` of a ``redis-server`` started for the session and stopped by its PID.
+
+        Skips where ``redis-server`` cannot start, except under ``CI=true``, where it fails."""
+        from .testing_redis import RedisServer, RedisServerUnavailable
+
+        server = RedisServer()
+        try:
+            url = server.start()
+        except RedisServerUnavailable as error:
+            if _running_in_ci():
+                pytest.fail(f"CI=true: the Redis tests must run, but {error}")
+            pytest.skip(str(error))
+        try:
+            yield url
+        finally:
+            server.stop()
