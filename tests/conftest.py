@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import os
 import select
 import signal
 from pathlib import Path
