@@ -25,7 +25,8 @@ def test_compiled_core_is_the_one_in_use():
 def test_twin_and_core_export_the_same_public_names(core):
     def public(module):
         return {name for name in vars(module) if not name.startswith("_")} - {
-            "annotations", "Any", "Optional", "heapq", "logging", "os", "random", "threading", "time", "uuid",
+            "annotations", "Any", "Optional", "TYPE_CHECKING", "cast",
+            "heapq", "logging", "os", "random", "threading", "time", "uuid",
             "LockLost", "LockNotAcquired", "LockReleaseError", "MalformedLockRow", "StoreError", "cython",
         }
 
@@ -73,6 +74,7 @@ def test_environment_variable_selects_the_twin_in_one_place(value, expected):
     assert result.stdout.split() == [expected, module]
 
 
+@pytest.mark.posix
 def test_fork_start_method_child_gets_a_clear_error_and_a_fresh_client_works(core):
     import multiprocessing
 

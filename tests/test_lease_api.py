@@ -222,6 +222,26 @@ def test_inherited_client_and_guard_are_rejected_after_fork(make_client, in_fork
         pass
 
 
+def test_a_forked_child_cannot_release_its_parents_lease(make_client, in_forked_child):
+    client = make_client()
+    guard = SyncDistributedLock(client, table="locks", key="k")
+    guard.__enter__()
+    owner = guard.owner
+
+    def release_inherited() -> str:
+        try:
+            guard.__exit__(None, None, None)
+        except RuntimeError as error:
+            return "refused" if "Create the client in the worker" in str(error) else str(error)
+        return "released"
+
+    assert in_forked_child(release_inherited) == "refused"
+    [row] = client.inspect("locks", "k")
+    assert row["owner"] == owner and row["fence"] == 1  # the parent still holds its row
+    guard.__exit__(None, None, None)
+    assert client.inspect("locks", "k") == []
+
+
 def test_a_closed_client_refuses_new_acquisitions_before_any_request(make_client, faults):
     client = make_client()
     client.close()

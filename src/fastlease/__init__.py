@@ -6,6 +6,8 @@ for every store.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._impl import IMPLEMENTATION
 from .aio import DistributedLock
 from .decorator import distributed_lock
@@ -13,6 +15,10 @@ from .exceptions import FastleaseError, LockLost, LockNotAcquired, LockReleaseEr
 from .lock import LeaseMetrics, SyncDistributedLock
 from .stores.memory import MemoryClient, MemoryStore
 from .stores.sqlite import SQLiteClient
+
+if TYPE_CHECKING:  # type checkers see the lazily loaded clients (below) as the classes they are
+    from .stores.dynamodb import DynamoDBClient
+    from .stores.redis import RedisClient
 
 __all__ = [
     "DistributedLock",

@@ -19,9 +19,15 @@ import random
 import threading
 import time
 import uuid
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from .exceptions import LockLost, LockNotAcquired, LockReleaseError, MalformedLockRow, StoreError
+
+if TYPE_CHECKING:  # annotations only: the engine imports nothing of the layers above it
+    from concurrent.futures import ThreadPoolExecutor
+    from typing import Callable
+
+    from .client import Clock
 
 IMPLEMENTATION = "py"
 
@@ -92,7 +98,7 @@ class SystemClock:
     def wait(self, event: threading.Event, timeout_s: float) -> bool:
         return event.wait(timeout_s)
 
-    def attach_scheduler(self, scheduler: Any) -> bool:
+    def attach_scheduler(self, scheduler: RenewalScheduler) -> bool:
         """Return True if this clock drives the scheduler itself (fake clocks do); False starts a thread."""
         return False
 
@@ -232,7 +238,7 @@ class KeyTemplate:
         if not names:
             check_key(literals[0])
 
-    def resolve(self, values: tuple) -> str:
+    def resolve(self, values: tuple[Any, ...]) -> str:
         """Resolve with one str value per placeholder, in order; TypeError/ValueError on bad values."""
         names = self.names
         literals = self._literals
@@ -270,15 +276,15 @@ class CallKey:
 
     __slots__ = ("template", "_positions", "_defaults")
 
-    def __init__(self, template: KeyTemplate, positions: tuple, defaults: tuple) -> None:
+    def __init__(self, template: KeyTemplate, positions: tuple[int, ...], defaults: tuple[Any, ...]) -> None:
         if len(positions) != len(template.names) or len(defaults) != len(template.names):
             raise ValueError("positions and defaults must match the template's placeholders")
         self.template = template
         self._positions = positions
         self._defaults = defaults
 
-    def resolve(self, args: tuple, kwargs: dict) -> str:
-        values = []
+    def resolve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        values: list[Any] = []
         for name, position, default in zip(self.template.names, self._positions, self._defaults):
             if 0 <= position < len(args):
                 if name in kwargs:
@@ -309,10 +315,11 @@ class ObservationCache:
         if type(capacity) is not int or capacity < 1:
             raise ValueError(f"observation cache capacity must be a positive int, got {capacity!r}")
         self.capacity = capacity
-        self._entries: dict = {}
+        # cache_key -> (owner, version, lease_ms, first seen ns); insertion order is the LRU order.
+        self._entries: dict[tuple[str, str], tuple[str, str, int, int]] = {}
         self._mutex = threading.Lock()
 
-    def observe(self, cache_key: tuple, owner: str, version: str, lease_ms: int, now_ns: int) -> int:
+    def observe(self, cache_key: tuple[str, str], owner: str, version: str, lease_ms: int, now_ns: int) -> int:
         """Record a sighting; return how long (ns) this exact row has been seen unchanged."""
         with self._mutex:
             entries = self._entries
@@ -324,7 +331,7 @@ class ObservationCache:
             entries[cache_key] = entry  # re-inserted last: the dict's order is the LRU order
             return now_ns - entry[3]
 
-    def forget(self, cache_key: tuple) -> None:
+    def forget(self, cache_key: tuple[str, str]) -> None:
         with self._mutex:
             self._entries.pop(cache_key, None)
 
@@ -359,13 +366,14 @@ class ReleaseSignals:
     __slots__ = ("_queues", "_mutex", "_contended")
 
     def __init__(self) -> None:
-        self._queues: dict = {}  # cache_key -> [ticket, ...], oldest first; removed when empty
+        # cache_key -> [ticket, ...], oldest first; removed when empty
+        self._queues: dict[tuple[str, str], list[threading.Event]] = {}
         self._mutex = threading.Lock()
         # cache_key -> this client's last release of a key that others wait for. Bounded; empty on
         # the uncontended path.
-        self._contended: dict = {}
+        self._contended: dict[tuple[str, str], int] = {}
 
-    def wait(self, clock: Any, cache_key: tuple, ticket: threading.Event, timeout_s: float) -> None:
+    def wait(self, clock: Clock, cache_key: tuple[str, str], ticket: threading.Event, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` (or until woken), queued behind earlier waiters on the key."""
         with self._mutex:
             queue = self._queues.get(cache_key)
@@ -375,7 +383,7 @@ class ReleaseSignals:
                 queue.append(ticket)
         clock.wait(ticket, timeout_s)
 
-    def leave(self, cache_key: tuple, ticket: threading.Event, acquired: bool) -> None:
+    def leave(self, cache_key: tuple[str, str], ticket: threading.Event, acquired: bool) -> None:
         """The waiter's acquisition is over; without the lease, it hands an unused wake-up on."""
         with self._mutex:
             queue = self._queues.get(cache_key)
@@ -388,7 +396,7 @@ class ReleaseSignals:
             elif was_head and ticket.is_set() and not acquired:
                 queue[0].set()
 
-    def notify(self, cache_key: tuple) -> None:
+    def notify(self, cache_key: tuple[str, str]) -> None:
         """This client released the key: wake its oldest waiter."""
         if self._queues:  # the uncontended release skips the mutex
             with self._mutex:
@@ -397,7 +405,7 @@ class ReleaseSignals:
             if head is not None:
                 head.set()
 
-    def released(self, cache_key: tuple, others_waiting: bool, now_ns: int) -> None:
+    def released(self, cache_key: tuple[str, str], others_waiting: bool, now_ns: int) -> None:
         """This client released ``cache_key``; ``others_waiting`` if the row carried a waiting mark."""
         if others_waiting or self._contended:
             with self._mutex:
@@ -408,7 +416,7 @@ class ReleaseSignals:
                     self._contended[cache_key] = now_ns
         self.notify(cache_key)
 
-    def should_yield(self, cache_key: tuple, now_ns: int) -> bool:
+    def should_yield(self, cache_key: tuple[str, str], now_ns: int) -> bool:
         """Should a new acquisition of ``cache_key`` let other contenders go first?"""
         if self._queues and cache_key in self._queues:
             return True
@@ -449,7 +457,7 @@ class Lease:
         lease_ms: int,
         wait_ms: int,
         max_hold_ms: int = 0,
-        on_lost: Optional[Any] = None,
+        on_lost: Optional[Callable[[LockLost], object]] = None,
     ) -> None:
         if type(lease_ms) is not int or not MIN_LEASE_MS <= lease_ms <= MAX_DURATION_MS:
             raise ValueError(f"lease_ms must be an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {lease_ms!r}")
@@ -474,7 +482,7 @@ class Lease:
         self._renewal_stopped = False  # max_hold reached; renewal thread only
         self._client = client
         self._store = client._store
-        self._clock = client._clock
+        self._clock: Clock = client._clock
         self._cache_key = (table, key)
         self._mutex = threading.Lock()
         # Written by the caller's thread, and by the renewal thread only to move HELD -> LOST.
@@ -491,9 +499,9 @@ class Lease:
         self._wall_stamp_ns = 0
         self._valid_until_wall_ns = 0
         # An acquisition write whose outcome is unknown: (owner, version, mono_ns, wall_ns). Caller only.
-        self._pending: Optional[tuple] = None
+        self._pending: Optional[tuple[str, str, int, int]] = None
         # A renewal write whose outcome is unknown: (version, mono_ns, wall_ns). Renewal thread only.
-        self._renew_pending: Optional[tuple] = None
+        self._renew_pending: Optional[tuple[str, int, int]] = None
         self._renew_errors = 0  # consecutive failed renewal requests; renewal thread only
         self._renew_at_ns = 0  # due time of the live heap entry; 0 when unscheduled (under scheduler lock)
         self._hint_ns = 0  # how long the last failed attempt suggests waiting; caller only
@@ -635,7 +643,7 @@ class Lease:
         cause = self.lost_cause
         raise LockLost(f"lease on {self.key!r} was lost: {cause}", key=self.key, cause=cause or "expired")
 
-    def counters(self) -> tuple:
+    def counters(self) -> tuple[int, int, int, int, int, int, int, int, bool, float, float]:
         """(write_requests, read_requests, renewals, wait_ns, conditional_failures, request_failures,
         wait_timeouts, cleanup_failures, lost, consumed_rcu, consumed_wcu)."""
         with self._mutex:
@@ -887,7 +895,8 @@ class Lease:
         """Resolve a pending write by a consistent read: True if the row holds exactly our owner and
         version (and the confirmation is still valid), else the row as read (None when absent)."""
         row = self._read(deadline_ns)
-        owner, version, mono_ns, wall_ns = self._pending
+        # Only called with a write pending (``_attempt`` checks, ``_acquisition_write`` has just set it).
+        owner, version, mono_ns, wall_ns = cast("tuple[str, str, int, int]", self._pending)
         if row is not None and row[0] == owner and row[1] == version:
             self._pending = None
             return True if self._confirm(owner, version, mono_ns, wall_ns, row[5]) else None
@@ -991,7 +1000,7 @@ class Lease:
         self._mark_lost("stolen")
         return 0
 
-    def _confirm_renewal(self, old_version: str, new_version: str, mono_ns: int, wall_ns: int) -> int:
+    def _confirm_renewal(self, old_version: Optional[str], new_version: str, mono_ns: int, wall_ns: int) -> int:
         with self._mutex:
             if self.state != HELD or self.version != old_version:
                 return 0  # released or lost meanwhile: a late success never revives it
@@ -1005,6 +1014,7 @@ class Lease:
     def release(self) -> None:
         """HELD/LOST -> RELEASED (or stays LOST). Raises LockLost if the row was no longer ours
         (another owner may have run meanwhile), LockReleaseError if the delete stayed unconfirmed."""
+        check_not_forked(self._pid)  # a forked child must not delete the row its parent still holds
         with self._mutex:
             state = self.state
             if state == HELD:
@@ -1024,7 +1034,7 @@ class Lease:
             return
         # The row was not ours any more: someone took over (or removed it). Fail closed.
         self.note_stolen()
-        cause = self.lost_cause
+        cause = cast(str, self.lost_cause)  # set by note_stolen(), or before, with the state LOST
         raise LockLost(f"lease on {self.key!r} was lost before release: {cause}", key=self.key, cause=cause)
 
     def released_by_store(self) -> None:
@@ -1039,7 +1049,7 @@ class Lease:
         self._client._scheduler.cancel(self)
         self._client._release_signals.released(self._cache_key, False, self._clock.monotonic_ns())
 
-    def _delete_owned(self, owner: str, budget_ns: int, raise_on_failure: bool = False) -> bool:
+    def _delete_owned(self, owner: Optional[str], budget_ns: int, raise_on_failure: bool = False) -> bool:
         """Delete the row if ``owner`` still holds it, retrying transient errors within the budget.
 
         True: our row is gone (deleted now, or confirmed absent after an ambiguous delete).
@@ -1102,14 +1112,14 @@ class RenewalScheduler:
     drives the scheduler itself (``FakeClock``) gets no thread: it calls ``run_due`` as time moves.
     """
 
-    def __init__(self, clock: Any) -> None:
+    def __init__(self, clock: Clock) -> None:
         self._clock = clock
-        self._heap: list = []
+        self._heap: list[tuple[int, int, Lease]] = []
         self._sequence = 0
         self._stale = 0
         self._cond = threading.Condition(threading.Lock())
         self._thread: Optional[threading.Thread] = None
-        self._workers: Optional[Any] = None  # ThreadPoolExecutor, made at the first dispatch
+        self._workers: Optional[ThreadPoolExecutor] = None  # made at the first dispatch
         self._closed = False
         self._manual = bool(clock.attach_scheduler(self))
         # Lateness of renewals (start time minus due time), under _cond: count, max, total.
@@ -1188,7 +1198,7 @@ class RenewalScheduler:
             self._stale -= 1
         return None
 
-    def lateness(self) -> tuple:
+    def lateness(self) -> tuple[int, int, int]:
         """(renewals started, max lateness ns, total lateness ns): how far behind their due times."""
         with self._cond:
             return (self._late_count, self._late_max_ns, self._late_total_ns)

@@ -20,7 +20,7 @@ def _select() -> ModuleType:
     if platform.python_implementation() != "CPython":
         return _core_py
     try:
-        from . import _core  # type: ignore[attr-defined]
+        from . import _core
     except ImportError as error:
         warnings.warn(
             f"fastlease: compiled core unavailable ({error}); using the slower pure-Python engine",

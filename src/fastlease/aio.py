@@ -18,18 +18,23 @@ import asyncio
 import logging
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, Callable, Optional, Type
+from typing import TYPE_CHECKING, Any, Callable, Optional, Type, TypeVar
 
 from .client import LeaseClient
 from .exceptions import LockLost
 from .lock import DEFAULT_LEASE_DURATION, DEFAULT_WAIT_TIMEOUT, SyncDistributedLock
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 __all__ = ["DistributedLock"]
 
 _log = logging.getLogger("fastlease.aio")
 
+_T = TypeVar("_T")
 
-def _run(client: LeaseClient, fn: Any, *args: Any, short: bool = False) -> "Future[Any]":
+
+def _run(client: LeaseClient, fn: Callable[..., _T], *args: Any, short: bool = False) -> Future[_T]:
     """Start ``fn(*args)`` on the client's executor (``short``: the pool for steps that never wait for
     contention, such as releases). The caller awaits it through ``_shielded``; follow-ups hang on
     the concurrent future itself, so they run even if the event loop is gone."""
@@ -42,24 +47,26 @@ def _consume(future: "Future[Any]") -> None:
         _log.debug("background lease step failed: %r", future.exception())
 
 
-async def _shielded(future: "Future[Any]") -> Any:
+async def _shielded(future: Future[_T]) -> _T:
     """Await a step that must not be interrupted: cancelling the caller leaves it running.
 
     The awaited object is a plain loop future that the worker thread completes; cancelling the task
     cancels only that notification, never the step itself (which is why no ``asyncio.shield`` and no
     ``wrap_future`` chain is needed: one future and one thread-safe callback per step)."""
     loop = asyncio.get_running_loop()
-    waiter = loop.create_future()
+    waiter: asyncio.Future[_T] = loop.create_future()
 
-    def deliver(step: "Future[Any]") -> None:  # on the loop thread
+    def deliver(step: Future[_T]) -> None:  # on the loop thread
         if waiter.cancelled():
             _consume(step)  # the caller is gone: retrieve the outcome so nothing is left unretrieved
-        elif step.exception() is not None:
-            waiter.set_exception(step.exception())  # type: ignore[arg-type]
+            return
+        error = step.exception()
+        if error is not None:
+            waiter.set_exception(error)
         else:
             waiter.set_result(step.result())
 
-    def on_done(step: "Future[Any]") -> None:  # on the worker thread (or at once, if already done)
+    def on_done(step: Future[_T]) -> None:  # on the worker thread (or at once, if already done)
         try:
             loop.call_soon_threadsafe(deliver, step)
         except RuntimeError:  # the loop is closed: nobody awaits any more
@@ -71,7 +78,9 @@ async def _shielded(future: "Future[Any]") -> Any:
 
 class DistributedLock:
     """``async with DistributedLock(client, table="locks", key="k") as lease:`` — the async form of
-    :class:`~fastlease.SyncDistributedLock`, with the same arguments, semantics and lease methods.
+    :class:`~fastlease.SyncDistributedLock`, with the same arguments (seconds), semantics and
+    exceptions. ``lease`` is the underlying ``SyncDistributedLock``: its properties and checks never
+    block. Waiting runs on the client's worker threads; cancelled while waiting, nothing is left held.
     ``on_lost`` runs in a worker thread: use ``loop.call_soon_threadsafe`` to reach the loop."""
 
     __slots__ = ("_guard",)
@@ -93,7 +102,7 @@ class DistributedLock:
         )
 
     @classmethod
-    def _from_guard(cls, guard: SyncDistributedLock) -> "DistributedLock":
+    def _from_guard(cls, guard: SyncDistributedLock) -> Self:
         lock = cls.__new__(cls)
         lock._guard = guard
         return lock
@@ -109,7 +118,7 @@ class DistributedLock:
             raise
         return self._guard
 
-    def _release_if_acquired(self, acquiring: "Future[Any]") -> None:
+    def _release_if_acquired(self, acquiring: Future[SyncDistributedLock]) -> None:
         """After a cancelled acquisition finishes: release what it may have acquired, off the loop."""
         if acquiring.cancelled() or acquiring.exception() is not None:
             return  # not acquired (the engine already cleaned up)

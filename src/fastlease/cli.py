@@ -203,6 +203,8 @@ COMMANDS = {"create-table": _create_table, "status": _status, "list": _list, "re
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the ``fastlease`` command with ``argv`` (default: ``sys.argv[1:]``) and return its exit status:
+    0, 1 for an error (one line on stderr), 130 when interrupted. A bad command line exits with 2."""
     args = _parser().parse_args(argv)
     as_json = getattr(args, "json", False)
 

@@ -11,9 +11,14 @@ from __future__ import annotations
 import os
 import threading
 from types import ModuleType
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol, cast
 
 from . import _impl
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor  # imported where the pools are made, on first use
+
+    from typing_extensions import Self
 
 #: Concurrent acquisitions (which may wait for contention) the async API runs per client.
 ASYNC_WORKERS = 64
@@ -22,14 +27,39 @@ ASYNC_WORKERS = 64
 ASYNC_SHORT_WORKERS = 16
 
 
+class Clock(Protocol):
+    """What a client's ``clock`` argument provides (:class:`fastlease.testing.FakeClock` is one). Every
+    reading is an int of nanoseconds; the default is the process's own clocks."""
+
+    def monotonic_ns(self) -> int:
+        """A monotonic reading (ns): validity, waits and observations of other holders count on it."""
+
+    def time_ns(self) -> int:
+        """The wall clock (ns since the epoch): a jump backwards ends the validity of held leases."""
+
+    def wait(self, event: threading.Event, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for ``event``; return whether it is set."""
+
+    def attach_scheduler(self, scheduler: Any) -> bool:
+        """Called once by each client's renewal scheduler: True if this clock runs the scheduler's due
+        renewals itself (``scheduler.run_due()`` as time moves), False to have it start a thread."""
+
+
 class LeaseClient:
-    """Base of every store client. Not used directly: see MemoryClient and the store clients."""
+    """Base of every store client. Not used directly: see MemoryClient and the store clients.
+
+    Every client also takes ``clock`` (a :class:`Clock`; the process's own clocks by default) and
+    ``shared_observations``: True (or a file path) shares this host's sightings of held rows between
+    its processes, so that a fresh process can take over an abandoned lease without first watching
+    it for a whole lease itself (see ``fastlease.observations``). Clients must not be used in a
+    forked child process (RuntimeError): make one per process.
+    """
 
     def __init__(
         self,
         store: Any,
         *,
-        clock: Optional[Any] = None,
+        clock: Optional[Clock] = None,
         shared_observations: "bool | str | os.PathLike[str]" = False,
         _core: Optional[ModuleType] = None,
     ) -> None:
@@ -37,7 +67,7 @@ class LeaseClient:
         self._core = core
         self._pid = core.current_pid()  # using this client in a forked child raises RuntimeError
         self._store = store
-        self._clock = clock if clock is not None else core.SYSTEM_CLOCK
+        self._clock: Clock = clock if clock is not None else core.SYSTEM_CLOCK
         own = core.ObservationCache(core.OBSERVATION_CACHE_SIZE)
         if shared_observations is False:
             self._observations: Any = own
@@ -54,8 +84,8 @@ class LeaseClient:
         self._release_signals = core.ReleaseSignals()
         # Stores that can report releases made by other processes (Redis pub/sub) set this.
         self._release_feed: Optional[Any] = None
-        self._executor: Optional[Any] = None  # the async API's worker threads, made on first use
-        self._short_executor: Optional[Any] = None
+        self._executor: Optional[ThreadPoolExecutor] = None  # the async API's worker threads, made on first use
+        self._short_executor: Optional[ThreadPoolExecutor] = None
         self._executor_lock = threading.Lock()
 
     @property
@@ -80,7 +110,7 @@ class LeaseClient:
         none). Reads only: nothing is created, observed or changed."""
         raise TypeError(f"{type(self).__name__} cannot be inspected from outside its process")
 
-    def _async_executor(self, short: bool = False) -> Any:
+    def _async_executor(self, short: bool = False) -> ThreadPoolExecutor:
         """The bounded thread pool the async API runs blocking steps on (not the loop's default pool,
         which lock waits could starve). Acquisitions use one pool, steps that never wait for
         contention (``short``) another. One of each per client; threads are made as needed."""
@@ -95,7 +125,7 @@ class LeaseClient:
                 elif not short and self._executor is None:
                     self._executor = ThreadPoolExecutor(max_workers=ASYNC_WORKERS, thread_name_prefix="fastlease-async")
                 executor = self._short_executor if short else self._executor
-        return executor
+        return cast("ThreadPoolExecutor", executor)  # made above if it was missing
 
     def _condition_check_item(self, lease: Any) -> dict[str, Any]:
         """The raw transaction entry that checks ``lease``; only DynamoDB has one."""
@@ -110,7 +140,7 @@ class LeaseClient:
             if executor is not None:
                 executor.shutdown(wait=False)
 
-    def __enter__(self) -> "LeaseClient":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Optional, TypeVar, cast
 
 from .client import LeaseClient
 from .exceptions import LockLost
@@ -21,9 +21,14 @@ from .lock import (
     lease_arguments,
 )
 
+if TYPE_CHECKING:  # Python 3.9's typing has no ParamSpec; annotations are never evaluated at run time
+    from typing_extensions import ParamSpec
+
+    _P = ParamSpec("_P")
+
 __all__ = ["distributed_lock"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+_R = TypeVar("_R")
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
@@ -34,14 +39,20 @@ class _LockSpec:
 
     __slots__ = ("client", "table", "call_key", "lease_args", "_lease_class")
 
-    def __init__(self, client: LeaseClient, table: str, call_key: Any, lease_args: tuple) -> None:
+    def __init__(
+        self,
+        client: LeaseClient,
+        table: str,
+        call_key: Any,
+        lease_args: tuple[int, int, int, Optional[Callable[[LockLost], object]]],
+    ) -> None:
         self.client = client
         self.table = table
         self.call_key = call_key
         self.lease_args = lease_args  # (lease_ms, wait_ms, max_hold_ms, on_lost), validated once
         self._lease_class = client._core.Lease
 
-    def guard(self, args: tuple, kwargs: dict) -> SyncDistributedLock:
+    def guard(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> SyncDistributedLock:
         key = self.call_key.resolve(args, kwargs)
         return SyncDistributedLock._from_lease(self._lease_class(self.client, self.table, key, *self.lease_args))
 
@@ -72,13 +83,19 @@ def distributed_lock(
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
     max_hold: Optional[float] = None,
     on_lost: Optional[Callable[[LockLost], object]] = None,
-) -> Callable[[F], F]:
+) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Hold a lease on ``key`` (a template over the function's arguments) during each call.
 
     ``key="customer-sync:{customer_id}"`` resolves from the ``customer_id`` argument, which must be a
     str. The body is never retried: contention beyond ``wait_timeout`` raises ``LockNotAcquired``
-    before the function runs. Generators are rejected. Signature, return value and exceptions are
-    preserved. ``max_hold`` and ``on_lost`` are as for :class:`~fastlease.SyncDistributedLock`.
+    before the function runs. Signature, return value and exceptions are preserved; an ``async def``
+    stays a coroutine function (it waits on worker threads, as :class:`~fastlease.DistributedLock`).
+    ``lease_duration``, ``wait_timeout`` and ``max_hold`` (seconds) and ``on_lost`` are as for
+    :class:`~fastlease.SyncDistributedLock`, and so are the exceptions of each call's release.
+
+    Raises TypeError or ValueError at decoration for bad arguments, for a placeholder that names no
+    regular argument of the function, and for generator functions; at a call, TypeError or ValueError
+    when a key argument is not a str or the key is not 1-2,048 UTF-8 bytes.
     """
     check_client(client)
     core = client._core
@@ -86,7 +103,7 @@ def distributed_lock(
     core.check_table(table)
     template = core.KeyTemplate(key)
 
-    def decorate(fn: F) -> F:
+    def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
             raise TypeError(
                 f"distributed_lock cannot wrap generator {fn.__qualname__}: the lease would end "
@@ -96,27 +113,28 @@ def distributed_lock(
             raise TypeError(f"distributed_lock wraps functions, got {type(fn).__name__}")
         spec = _LockSpec(client, table, _bind_template(core, template, fn), lease_args)
         if inspect.iscoroutinefunction(fn):
-            return _async_wrapper(fn, spec)
+            # An async def's _R is its coroutine; the wrapper returns a coroutine of the same result.
+            return cast("Callable[_P, _R]", _async_wrapper(fn, spec))
         return _sync_wrapper(fn, spec)
 
     return decorate
 
 
-def _sync_wrapper(fn: F, spec: _LockSpec) -> F:
+def _sync_wrapper(fn: Callable[_P, _R], spec: _LockSpec) -> Callable[_P, _R]:
     @functools.wraps(fn)
-    def locked(*args: Any, **kwargs: Any) -> Any:
+    def locked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with spec.guard(args, kwargs):
             return fn(*args, **kwargs)
 
-    return locked  # type: ignore[return-value]
+    return locked
 
 
-def _async_wrapper(fn: F, spec: _LockSpec) -> F:
+def _async_wrapper(fn: Callable[_P, Awaitable[_R]], spec: _LockSpec) -> Callable[_P, Coroutine[Any, Any, _R]]:
     from .aio import DistributedLock
 
     @functools.wraps(fn)
-    async def locked(*args: Any, **kwargs: Any) -> Any:
+    async def locked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         async with DistributedLock._from_guard(spec.guard(args, kwargs)):
             return await fn(*args, **kwargs)
 
-    return locked  # type: ignore[return-value]
+    return locked

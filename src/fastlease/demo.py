@@ -35,7 +35,7 @@ class DemoError(Exception):
     """A demo that cannot run as asked (bad store, missing dependency); the message says why."""
 
 
-def make_client(spec: tuple) -> Any:
+def make_client(spec: tuple[Any, ...]) -> Any:
     """A client for a store spec: ("sqlite", path), ("dynamodb", endpoint, region), ("redis", url) or
     ("memory", store)."""
     kind = spec[0]
@@ -56,7 +56,9 @@ def make_client(spec: tuple) -> Any:
     return MemoryClient(store=spec[1])
 
 
-def worker(index: int, spec: tuple, stop_at: float, events: Any, crash: Optional[threading.Event] = None) -> None:
+def worker(
+    index: int, spec: tuple[Any, ...], stop_at: float, events: Any, crash: Optional[threading.Event] = None
+) -> None:
     """One worker's loop; reports ("hold", ...), ("done", ...), ("timeout", ...) or ("error", ...).
 
     ``stop_at`` is on the monotonic clock, which is system-wide on Linux, so processes share it."""
@@ -101,7 +103,8 @@ def worker(index: int, spec: tuple, stop_at: float, events: Any, crash: Optional
 
 
 def _store_spec(store: str, path: Optional[str], endpoint_url: Optional[str], region: str,
-                redis_url: Optional[str], cleanup: list[Callable[[], None]], say: Callable[[str], None]) -> tuple:
+                redis_url: Optional[str], cleanup: list[Callable[[], object]],
+                say: Callable[[str], None]) -> tuple[Any, ...]:
     if store == "sqlite":
         if path is None:
             directory = tempfile.mkdtemp(prefix="fastlease-demo-")
@@ -123,12 +126,12 @@ def _store_spec(store: str, path: Optional[str], endpoint_url: Optional[str], re
             except ImportError:
                 raise DemoError("--store dynamodb without --endpoint-url starts a moto server: pip install "
                                 "'moto[server]'") from None
-            server = MotoServer()
-            endpoint_url = server.start(timeout_s=60.0)
-            cleanup.append(server.stop)
+            moto_server = MotoServer()
+            endpoint_url = moto_server.start(timeout_s=60.0)
+            cleanup.append(moto_server.stop)
             os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
             os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-            say(f"store: DynamoDB on a local serialised moto server, {endpoint_url} (pid {server.pid})")
+            say(f"store: DynamoDB on a local serialised moto server, {endpoint_url} (pid {moto_server.pid})")
         else:
             say(f"store: DynamoDB at {endpoint_url}")
         client = make_client(("dynamodb", endpoint_url, region))
@@ -172,7 +175,7 @@ def run(store: str = "sqlite", workers: int = 4, seconds: float = 10.0, *, path:
         raise DemoError(f"--workers must be an integer from 2 to 64, got {workers!r}")
     if not 2.0 <= seconds <= 600.0:
         raise DemoError(f"--seconds must be from 2 to 600, got {seconds!r}")
-    cleanup: list[Callable[[], None]] = []
+    cleanup: list[Callable[[], object]] = []
     try:
         spec = _store_spec(store, path, endpoint_url, region, redis_url, cleanup, say)
         return _contend(spec, workers, seconds, say)
@@ -181,7 +184,7 @@ def run(store: str = "sqlite", workers: int = 4, seconds: float = 10.0, *, path:
             step()
 
 
-def _contend(spec: tuple, count: int, seconds: float, say: Callable[[str], None]) -> dict[str, Any]:
+def _contend(spec: tuple[Any, ...], count: int, seconds: float, say: Callable[[str], None]) -> dict[str, Any]:
     threads = spec[0] == "memory"
     say(f"{count} workers, customers {', '.join(CUSTOMERS)}, lease {LEASE_S:g} s, {seconds:g} s; "
         "one holder is killed halfway")
@@ -200,8 +203,10 @@ def _contend(spec: tuple, count: int, seconds: float, say: Callable[[str], None]
             runners.append(context.Process(target=worker, args=(index, spec, stop_at, events), daemon=True))
     for runner in runners:
         runner.start()
-    stats = [{"acquisitions": 0, "contended": 0, "wait_ms": 0.0, "renewals": 0, "timeouts": 0, "status": "ok"}
-             for _ in range(count)]
+    stats: list[dict[str, Any]] = [
+        {"acquisitions": 0, "contended": 0, "wait_ms": 0.0, "renewals": 0, "timeouts": 0, "status": "ok"}
+        for _ in range(count)
+    ]
     holders: dict[str, Any] = dict.fromkeys(CUSTOMERS)  # worker index, None (free) or a label
     killed: Optional[dict[str, Any]] = None
     errors: list[str] = []
@@ -253,13 +258,14 @@ def _contend(spec: tuple, count: int, seconds: float, say: Callable[[str], None]
     return summary
 
 
-def _kill_a_holder(holders: dict, runners: list, crashes: list, now: float, start_at: float,
-                   say: Callable[[str], None]) -> Optional[dict[str, Any]]:
+def _kill_a_holder(holders: dict[str, Any], runners: list[Any], crashes: list[Optional[threading.Event]],
+                   now: float, start_at: float, say: Callable[[str], None]) -> Optional[dict[str, Any]]:
     for customer, index in holders.items():
         if not isinstance(index, int) or not _alive(runners[index]):
             continue
-        if crashes[index] is not None:
-            crashes[index].set()
+        crash = crashes[index]
+        if crash is not None:
+            crash.set()
         else:
             os.kill(runners[index].pid, signal.SIGKILL)
         holders[customer] = f"w{index} (killed)"

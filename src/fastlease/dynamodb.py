@@ -15,10 +15,13 @@ boto3's ``TypeSerializer``. Commits use your own boto3 client and its configurat
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Mapping, Optional, Type
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Type
 
 from .exceptions import LockLost, TransactionCanceled
 from .stores.dynamodb import DynamoDBClient, condition_check_item
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["DynamoDBClient", "SyncTransaction", "Transaction", "TransactionCanceled", "condition_check_item"]
 
@@ -153,7 +156,7 @@ class SyncTransaction:
             return lock_lost
         return canceled
 
-    def __enter__(self) -> "SyncTransaction":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
@@ -165,7 +168,7 @@ class SyncTransaction:
 class Transaction(SyncTransaction):
     """The async form: ``async with Transaction(client) as tx:``; commits in a worker thread."""
 
-    async def __aenter__(self) -> "Transaction":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],

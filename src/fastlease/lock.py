@@ -13,11 +13,17 @@ import math
 import sys
 import threading
 from types import TracebackType
-from typing import Any, Callable, NamedTuple, Optional, Type
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Type
 
 from . import _impl
 from .client import LeaseClient
 from .exceptions import FastleaseError, LockLost
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    # The twin stands for both engines here: _core.pyi declares the compiled Lease name for name.
+    from ._core_py import Lease
 
 __all__ = ["SyncDistributedLock", "LeaseMetrics", "DEFAULT_LEASE_DURATION", "DEFAULT_WAIT_TIMEOUT"]
 
@@ -64,13 +70,16 @@ def lease_arguments(
 
 
 def check_client(client: object) -> LeaseClient:
+    """Return ``client`` if it is a fastlease client (a ``LeaseClient``), else raise TypeError."""
     if not isinstance(client, LeaseClient):
         raise TypeError(f"client must be a fastlease client (MemoryClient, ...), got {type(client).__name__}")
     return client
 
 
 class LeaseMetrics(NamedTuple):
-    """A snapshot of one lease's requests and outcome (``lease.metrics``)."""
+    """A snapshot of one lease's requests and outcome (``lease.metrics``). ``wait_ms`` is the time spent
+    acquiring, in milliseconds; ``consumed_rcu`` and ``consumed_wcu`` are DynamoDB capacity units (0 on
+    the other stores); ``lost`` is whether ownership ended early."""
 
     write_requests: int
     read_requests: int
@@ -101,13 +110,24 @@ class SyncDistributedLock:
     up to ``wait_timeout`` seconds, else ``LockNotAcquired``), renews in the background every
     lease/3 while the block runs, and releases on exit. Guards are single-use and not reentrant.
 
-    ``max_hold`` (seconds) stops renewing after that long even if the block is still running: the lease
-    then lapses (cause ``cancelled``) at most 90% of a lease later. ``on_lost`` is called once with the
-    ``LockLost`` when ownership ends early, from the thread that found it (usually the renewal thread);
-    its exceptions are logged, not raised. ``lease.lost`` is an event set at the same moment.
+    ``lease_duration`` (seconds, 0.1-86,400) is the lease written to the store: a crashed holder's key
+    is taken over once another client has seen it unchanged that long, and the holder counts its
+    ownership as valid for 90% of it from just before each write it confirms. ``wait_timeout``
+    (seconds, 0-86,400; 0 makes one attempt) bounds the wait for the key. ``max_hold`` (seconds) stops
+    renewing after that long even if the block is still running: the lease then lapses (cause
+    ``cancelled``) at most 90% of a lease later. ``on_lost`` is called once with the ``LockLost`` when
+    ownership ends early, from the thread that found it (usually the renewal thread); its exceptions
+    are logged, not raised. ``lease.lost`` is an event set at the same moment.
+
+    Raises TypeError or ValueError for bad arguments (client, table, key, durations) when constructed;
+    ``LockNotAcquired`` on entry; on exit ``LockLost`` if the row was no longer ours at the release
+    (another owner may have run meanwhile) and ``LockReleaseError`` if the release stayed
+    unconfirmed. When the block raised, its exception wins and a cleanup failure is attached to it as
+    a note (logged on Python 3.9 and 3.10).
     """
 
     __slots__ = ("_lease",)
+    _lease: Lease  # the engine's state machine for this acquisition
 
     def __init__(
         self,
@@ -126,13 +146,13 @@ class SyncDistributedLock:
         )
 
     @classmethod
-    def _from_lease(cls, lease: Any) -> "SyncDistributedLock":
+    def _from_lease(cls, lease: Lease) -> Self:
         """Wrap an engine lease built from already-validated arguments (the decorator's path)."""
         guard = cls.__new__(cls)
         guard._lease = lease
         return guard
 
-    def __enter__(self) -> "SyncDistributedLock":
+    def __enter__(self) -> Self:
         self._lease.acquire()
         return self
 
@@ -158,10 +178,12 @@ class SyncDistributedLock:
 
     @property
     def table(self) -> str:
+        """The lock table the lease is in."""
         return str(self._lease.table)
 
     @property
     def lease_duration(self) -> float:
+        """The lease's duration in seconds, as written to the store."""
         return float(self._lease.lease_ms / 1000)
 
     @property

@@ -61,9 +61,11 @@ class FakeClock:
         self._schedulers: list[Any] = []
 
     def monotonic_ns(self) -> int:
+        """The monotonic clock, in ns: it moves only by :meth:`advance`."""
         return self._monotonic_ns
 
     def time_ns(self) -> int:
+        """The wall clock, in ns since the epoch: it moves with :meth:`advance` and by :meth:`jump_wall`."""
         return self._wall_ns
 
     def attach_scheduler(self, scheduler: Any) -> bool:
@@ -119,6 +121,10 @@ class FaultInjector:
         self.blocked = threading.Event()
 
     def add(self, operation: str, fault: str, *, times: int = 1, delay_s: float = 0.0) -> None:
+        """Inject ``fault`` (one of :data:`FAULTS`) into the next ``times`` requests of ``operation`` (one of
+        ``put_if_absent``, ``replace_if``, ``update_version_if``, ``mark_waiting``, ``delete_if_owner``,
+        ``read``); ``times=-1`` forever. ``delay_s`` is the ``delay`` fault's length. Raises ValueError for
+        an unknown operation or fault, or a bad ``times``."""
         if operation not in OPERATIONS:
             raise ValueError(f"unknown operation {operation!r}; expected one of {OPERATIONS}")
         if fault not in FAULTS:
@@ -129,6 +135,7 @@ class FaultInjector:
             self._rules[operation].append([fault, times, delay_s])
 
     def clear(self) -> None:
+        """Remove every fault not yet consumed (the request counts in ``calls`` stay)."""
         with self._lock:
             for rules in self._rules.values():
                 rules.clear()
@@ -156,7 +163,7 @@ class FaultInjector:
         else:
             threading.Event().wait(seconds)  # a slow request, not synchronisation
 
-    def run(self, operation: str, apply: Callable[..., Any], args: tuple, timeout_s: float) -> Any:
+    def run(self, operation: str, apply: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> Any:
         """Called by MemoryStore for each request while installed."""
         chosen = self._next_fault(operation)
         if chosen is None:
@@ -186,7 +193,7 @@ class FaultInjector:
 try:
     import pytest
 except ImportError:  # the helpers above work without pytest; the fixtures need it
-    pytest = None  # type: ignore[assignment]
+    pytest = None  # type: ignore[assignment]  # a module or None: the fixtures below exist only with pytest
 
 
 def _running_in_ci() -> bool:

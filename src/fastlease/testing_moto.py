@@ -60,7 +60,7 @@ if _missing:
 del _missing
 
 _StartResponse = Callable[..., Any]
-_WSGIApp = Callable[[dict, _StartResponse], Iterable[bytes]]
+_WSGIApp = Callable[[dict[str, Any], _StartResponse], Iterable[bytes]]
 
 
 class SerialisedWSGIApp:
@@ -81,7 +81,7 @@ class SerialisedWSGIApp:
         self._lock = threading.Lock()
         self._lock_timeout_s = lock_timeout_s
 
-    def __call__(self, environ: dict, start_response: _StartResponse) -> List[bytes]:
+    def __call__(self, environ: dict[str, Any], start_response: _StartResponse) -> List[bytes]:
         if not self._lock.acquire(timeout=self._lock_timeout_s):
             body = b'{"__type":"com.amazonaws.dynamodb.v20120810#ServiceUnavailable","message":"server wedged"}'
             start_response(
@@ -126,6 +126,8 @@ class _KeepAliveHandler(socketserver.StreamRequestHandler):
     Content-Length (every AWS SDK sends one for DynamoDB), so a minimal parser is enough.
     """
 
+    server: KeepAliveWSGIServer  # the server this handler is made by (socketserver sets it)
+
     def handle(self) -> None:
         while True:
             request_line = self.rfile.readline(65537)
@@ -145,7 +147,7 @@ class _KeepAliveHandler(socketserver.StreamRequestHandler):
             body = self.rfile.read(int(headers.get("content-length") or 0))
             close = version != "HTTP/1.1" or headers.get("connection", "").lower() == "close"
             status, response_headers, payload = self._call_app(method, target, headers, body)
-            if self.server.verbose:  # type: ignore[attr-defined]
+            if self.server.verbose:
                 sys.stderr.write(f"{method} {target} {headers.get('x-amz-target', '')} -> {status}\n")
             head = [f"HTTP/1.1 {status}"]
             head += [f"{name}: {value}" for name, value in response_headers
@@ -156,7 +158,9 @@ class _KeepAliveHandler(socketserver.StreamRequestHandler):
             if close:
                 return
 
-    def _call_app(self, method: str, target: str, headers: dict[str, str], body: bytes) -> tuple[str, list, bytes]:
+    def _call_app(
+        self, method: str, target: str, headers: dict[str, str], body: bytes
+    ) -> tuple[str, list[tuple[str, str]], bytes]:
         path, _, query = target.partition("?")
         host, port = self.server.server_address[:2]
         environ: dict[str, Any] = {
@@ -183,12 +187,14 @@ class _KeepAliveHandler(socketserver.StreamRequestHandler):
                 environ["HTTP_" + name.upper().replace("-", "_")] = value
         started: list[Any] = []
 
-        def start_response(status: str, response_headers: list, exc_info: Any = None) -> Callable[[bytes], None]:
+        def start_response(
+            status: str, response_headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Callable[[bytes], None]:
             started[:] = [status, response_headers]
             return chunks.append
 
         chunks: list[bytes] = []
-        result = self.server.app(environ, start_response)  # type: ignore[attr-defined]
+        result = self.server.app(environ, start_response)
         try:
             chunks.extend(result)
         finally:
@@ -203,6 +209,7 @@ class KeepAliveWSGIServer(socketserver.ThreadingTCPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    server_address: tuple[str, int]  # an AF_INET server's (host, port)
 
     def __init__(self, address: tuple[str, int], app: Any, *, verbose: bool = False) -> None:
         self.app = app
@@ -211,6 +218,7 @@ class KeepAliveWSGIServer(socketserver.ThreadingTCPServer):
 
     @property
     def port(self) -> int:
+        """The port the server listens on (the one picked when it was given 0)."""
         return int(self.server_address[1])
 
 
@@ -281,6 +289,8 @@ def _start_parent_watchdog(parent_pid: int, interval_s: float = 0.5) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The ``python -m fastlease.testing_moto`` entry point: serve until SIGTERM or SIGINT, then return 0.
+    A host other than 127.0.0.1 or a bad port exits with status 2."""
     parser = argparse.ArgumentParser(
         prog="python -m fastlease.testing_moto",
         description="moto DynamoDB test server with every request serialised (loopback only).",
@@ -312,7 +322,7 @@ class MotoServer:
     def __init__(self, host: str = ALLOWED_HOST) -> None:
         # Not validated here on purpose: the child refuses any other host, and start() reports that.
         self._host = host
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: Optional[subprocess.Popen[bytes]] = None
         self._pid: Optional[int] = None
         self._endpoint_url: Optional[str] = None
         self._stderr: Optional[IO[bytes]] = None

@@ -60,12 +60,14 @@ class RedisServer:
 
     @property
     def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``; RuntimeError unless running."""
         if self.port is None:
             raise RuntimeError("RedisServer is not running; call start() first")
         return f"redis://{HOST}:{self.port}/0"
 
     @property
     def pid(self) -> int:
+        """The server process's PID; RuntimeError if it was never started."""
         if self._proc is None:
             raise RuntimeError("RedisServer was never started")
         return self._proc.pid

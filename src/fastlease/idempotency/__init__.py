@@ -32,12 +32,19 @@ import json
 import logging
 import math
 from types import TracebackType
-from typing import Any, Callable, Optional, Type, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Type, TypeVar, Union, cast, overload
 
 from ..client import LeaseClient
 from ..exceptions import FastleaseError, LockLost, LockNotAcquired, StoreError
 from ..lock import DEFAULT_LEASE_DURATION, SyncDistributedLock, check_client
 from ..stores.base import Record
+
+if TYPE_CHECKING:  # Python 3.9's typing has neither; annotations are never evaluated at run time
+    from concurrent.futures import Future
+
+    from typing_extensions import ParamSpec, Self
+
+    _P = ParamSpec("_P")
 
 __all__ = [
     "AsyncIdempotentCall",
@@ -48,6 +55,7 @@ __all__ = [
     "IdempotentCall",
     "IdempotentCallFailed",
     "JSONSerializer",
+    "Serializer",
     "idempotent",
     "payload_fingerprint",
 ]
@@ -64,7 +72,9 @@ RETRY_AFTER_S = 1.0
 #: retry after a timeout is safe); each is bounded by the lease's request timeout.
 WRITE_ATTEMPTS = 3
 
-F = TypeVar("F", bound=Callable[..., Any])
+_R = TypeVar("_R")
+#: ``retry_on``: an exception class, or a tuple of them.
+RetryOn = Union[type[BaseException], tuple[type[BaseException], ...]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,12 +113,23 @@ class IdempotentCallFailed(IdempotencyError):
 # ---------------------------------------------------------------------------------------------
 # Serialising and fingerprints
 # ---------------------------------------------------------------------------------------------
+class Serializer(Protocol):
+    """What ``serializer=`` takes: results to bytes and back (:class:`JSONSerializer` is the default)."""
+
+    def dumps(self, value: Any) -> bytes:
+        """Serialise a call's result; raise TypeError if it cannot be (nothing is stored then)."""
+
+    def loads(self, data: bytes) -> Any:
+        """Rebuild a stored result: what a replayed call returns."""
+
+
 class JSONSerializer:
     """The default serialiser: JSON (UTF-8). Any object with ``dumps(value) -> bytes`` and
     ``loads(bytes) -> value`` can replace it. A replayed result is what ``loads`` returns (a tuple
     comes back as a list)."""
 
     def dumps(self, value: Any) -> bytes:
+        """``value`` as compact UTF-8 JSON. TypeError if it is not JSON data (NaN and infinities included)."""
         try:
             return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
         except (TypeError, ValueError) as error:
@@ -117,6 +138,7 @@ class JSONSerializer:
             ) from error
 
     def loads(self, data: bytes) -> Any:
+        """The value of UTF-8 JSON ``data``."""
         return json.loads(data.decode("utf-8"))
 
 
@@ -124,7 +146,8 @@ JSON = JSONSerializer()
 
 
 def payload_fingerprint(payload: Any) -> str:
-    """A stable hash of a payload: SHA-256 of the bytes, or of canonical JSON (sorted keys, no spaces)."""
+    """A stable hash of a payload: the SHA-256 hex digest of the bytes, or of canonical JSON (sorted keys,
+    no spaces). TypeError if the payload is neither bytes nor JSON data."""
     if isinstance(payload, (bytes, bytearray, memoryview)):
         data = bytes(payload)
     else:
@@ -139,6 +162,10 @@ def payload_fingerprint(payload: Any) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@overload
+def _check_duration(name: str, value: Any, *, allow_none: Literal[False] = ..., allow_zero: bool = ...) -> float: ...
+@overload
+def _check_duration(name: str, value: Any, *, allow_none: bool, allow_zero: bool = ...) -> Optional[float]: ...
 def _check_duration(name: str, value: Any, *, allow_none: bool = False, allow_zero: bool = False) -> Optional[float]:
     if value is None and allow_none:
         return None
@@ -149,7 +176,7 @@ def _check_duration(name: str, value: Any, *, allow_none: bool = False, allow_ze
     return float(value)
 
 
-def _check_retry_on(retry_on: Any) -> tuple:
+def _check_retry_on(retry_on: Any) -> tuple[type[BaseException], ...]:
     if isinstance(retry_on, type):
         retry_on = (retry_on,)
     if not isinstance(retry_on, tuple) or not all(isinstance(t, type) and issubclass(t, BaseException)
@@ -171,7 +198,7 @@ class _CallSpec:
                  "retry_on")
 
     def __init__(self, client: LeaseClient, table: str, lock_table: Optional[str], lease_duration: float,
-                 wait: float, ttl: Optional[float], serializer: Any, retry_on: Any) -> None:
+                 wait: float, ttl: Optional[float], serializer: Serializer, retry_on: RetryOn) -> None:
         check_client(client)
         core = client._core
         self.client = client
@@ -204,6 +231,21 @@ class IdempotentCall:
     Leaving the block without ``complete`` stores ``None`` as the result; leaving it with an exception
     applies the failure policy (``retry_on``). On DynamoDB the completion can join your own
     transaction: ``call.check_in(tx)`` then ``call.complete_in(tx, result)``.
+
+    Options: ``payload`` (bytes or JSON data) is fingerprinted, or pass your own ``fingerprint`` (a str
+    of at most 256 characters), so that a key reused for another request is refused; ``lock_table``
+    holds the in-flight leases (default ``<table>_locks``); ``lease_duration`` (seconds) is their
+    lease; ``wait`` (seconds, 0 by default) is how long a duplicate waits for an in-flight call to end
+    (then replays its result, or runs if it stored none) before raising; ``ttl`` (seconds; None keeps
+    them) is how long records are kept; ``serializer`` turns results into bytes and back;
+    ``retry_on`` (an exception class or a tuple of them) are the failures that store nothing, so the
+    next call runs again.
+
+    Bad options raise TypeError or ValueError. Entering raises :class:`IdempotencyInProgress` (another
+    call with the key is running), :class:`IdempotencyKeyMismatch` (the key was used with another
+    payload) or :class:`IdempotentCallFailed` (a replayed terminal failure); storing the result raises
+    :class:`IdempotencyResultTooLarge`, or ``LockLost`` if the lease was taken over first (nothing is
+    stored then, and the call may run again).
     """
 
     def __init__(
@@ -218,14 +260,14 @@ class IdempotentCall:
         lease_duration: float = DEFAULT_LEASE_DURATION,
         wait: float = 0.0,
         ttl: Optional[float] = DEFAULT_TTL,
-        serializer: Any = JSON,
-        retry_on: Any = (Exception,),
+        serializer: Serializer = JSON,
+        retry_on: RetryOn = (Exception,),
     ) -> None:
         spec = _CallSpec(client, table, lock_table, lease_duration, wait, ttl, serializer, retry_on)
         self._init(spec, key, _fingerprint(payload, fingerprint))
 
     @classmethod
-    def _from_spec(cls, spec: _CallSpec, key: str, fingerprint: str) -> "IdempotentCall":
+    def _from_spec(cls, spec: _CallSpec, key: str, fingerprint: str) -> Self:
         call = cls.__new__(cls)
         call._init(spec, key, fingerprint)
         return call
@@ -293,7 +335,8 @@ class IdempotentCall:
                 key=self.key,
             )
         expires = self._now_ms() + int(spec.ttl * 1000) if spec.ttl is not None else 0
-        return Record(state, self.fingerprint, data, expires, self._lock.owner)
+        owner = cast(str, self._lock.owner)  # only called while the lease is held, so it has an owner
+        return Record(state, self.fingerprint, data, expires, owner)
 
     def _write(self, state: str, data: bytes) -> None:
         """Store the record and release the lease, in one atomic request conditioned on our lease;
@@ -323,7 +366,7 @@ class IdempotentCall:
         lease._lease.released_by_store()
         self.state = state
 
-    def _finished_by_us(self, owner: str) -> bool:
+    def _finished_by_us(self, owner: Optional[str]) -> bool:
         """After an ambiguous finish: is the stored record the one we wrote?"""
         try:
             record = self._spec.store.read_record(self._spec.table, self.key, self._timeout_s())
@@ -332,7 +375,9 @@ class IdempotentCall:
         return record is not None and record.owner == owner
 
     def complete(self, result: Any) -> None:
-        """Store ``result`` as this call's outcome (once; only while the lease is ours)."""
+        """Store ``result`` as this call's outcome and release the key, in one atomic request made only
+        while the lease is ours. RuntimeError unless the call is in progress (once only); TypeError
+        if the serializer refuses ``result``; IdempotencyResultTooLarge; LockLost if the lease was lost."""
         if self.state != "PROCESSING":
             raise RuntimeError(f"complete() needs a call in progress, this one is {self.state.lower()}")
         self._write(COMPLETED, self._spec.serializer.dumps(result))
@@ -371,7 +416,7 @@ class IdempotentCall:
             self._write(FAILED, json.dumps(failure).encode("utf-8"))
 
     # ---- the sync form ----------------------------------------------------------------------
-    def __enter__(self) -> "IdempotentCall":
+    def __enter__(self) -> Self:
         if self.state != "NEW":
             raise RuntimeError("idempotent calls are single-use: create one per call")
         if self._lookup():
@@ -425,7 +470,7 @@ class AsyncIdempotentCall:
         self._call = IdempotentCall(client, **options)
 
     @classmethod
-    def _wrap(cls, call: IdempotentCall) -> "AsyncIdempotentCall":
+    def _wrap(cls, call: IdempotentCall) -> Self:
         wrapper = cls.__new__(cls)
         wrapper._call = call
         return wrapper
@@ -436,7 +481,7 @@ class AsyncIdempotentCall:
     def _client(self) -> LeaseClient:
         return self._call._spec.client
 
-    async def __aenter__(self) -> "AsyncIdempotentCall":
+    async def __aenter__(self) -> Self:
         from ..aio import _run, _shielded
 
         entering = _run(self._client(), self._call.__enter__)
@@ -448,7 +493,7 @@ class AsyncIdempotentCall:
             raise
         return self
 
-    def _abandon(self, entering: Any) -> None:
+    def _abandon(self, entering: Future[IdempotentCall]) -> None:
         """A cancelled entry finished anyway: release what it took, storing nothing."""
         from ..aio import _consume, _run
 
@@ -465,6 +510,8 @@ class AsyncIdempotentCall:
         await _shielded(_run(self._client(), self._call.__exit__, exc_type, exc, tb, short=True))
 
     async def complete(self, result: Any) -> None:
+        """Store ``result`` as this call's outcome, as :meth:`IdempotentCall.complete` does (on a worker
+        thread; a cancellation does not interrupt the write)."""
         from ..aio import _run, _shielded
 
         await _shielded(_run(self._client(), self._call.complete, result, short=True))
@@ -488,21 +535,24 @@ def idempotent(
     *,
     table: str,
     key: str,
-    payload: Any = None,
+    payload: Union[Literal[False], tuple[str, ...], None] = None,
     lock_table: Optional[str] = None,
     lease_duration: float = DEFAULT_LEASE_DURATION,
     wait: float = 0.0,
     ttl: Optional[float] = DEFAULT_TTL,
-    serializer: Any = JSON,
-    retry_on: Any = (Exception,),
-) -> Callable[[F], F]:
+    serializer: Serializer = JSON,
+    retry_on: RetryOn = (Exception,),
+) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Run each call once per resolved ``key`` (a template over the arguments, as for locks); a
     duplicate returns the stored result.
 
     ``payload`` chooses what the fingerprint covers: None (every argument, by name), a tuple of
-    argument names, or False (no fingerprint). The other options are as for :class:`IdempotentCall`.
-    Works on ``def`` and ``async def``; the first call returns its own result, replays return
-    ``serializer.loads`` of the stored one.
+    argument names, or False (no fingerprint). The other options (durations in seconds) and the
+    exceptions of each call are as for :class:`IdempotentCall`. Works on ``def`` and ``async def``
+    (which stays a coroutine function); the first call returns its own result, replays return
+    ``serializer.loads`` of the stored one (with JSON, a tuple comes back as a list). Bad options, a
+    placeholder that names no regular argument, and generator functions raise TypeError or ValueError
+    at decoration.
     """
     from ..decorator import _bind_template
 
@@ -513,7 +563,7 @@ def idempotent(
             (isinstance(payload, tuple) and all(isinstance(name, str) for name in payload))):
         raise TypeError(f"payload must be None, False or a tuple of argument names, got {payload!r}")
 
-    def decorate(fn: F) -> F:
+    def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn) or not callable(fn):
             raise TypeError(f"idempotent wraps plain functions and coroutine functions, got {fn!r}")
         call_key = _bind_template(core, template, fn)
@@ -523,7 +573,7 @@ def idempotent(
             if missing:
                 raise ValueError(f"payload names {missing} are not arguments of {fn.__qualname__}{signature}")
 
-        def start(args: tuple, kwargs: dict) -> IdempotentCall:
+        def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> IdempotentCall:
             fingerprint = ""
             if payload is not False:
                 bound = signature.bind(*args, **kwargs)
@@ -534,7 +584,7 @@ def idempotent(
 
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
-            async def run_async(*args: Any, **kwargs: Any) -> Any:
+            async def run_async(*args: _P.args, **kwargs: _P.kwargs) -> Any:
                 async with AsyncIdempotentCall._wrap(start(args, kwargs)) as call:
                     if call.replayed:
                         return call.result
@@ -542,17 +592,21 @@ def idempotent(
                     await call.complete(result)
                     return result
 
-            return run_async  # type: ignore[return-value]
+            # An async def's _R is its coroutine; the wrapper returns a coroutine of the same result.
+            return cast("Callable[_P, _R]", run_async)
 
         @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
+        def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
             with start(args, kwargs) as call:
                 if call.replayed:
-                    return call.result
+                    # serializer.loads of the stored result: an _R as far as the serializer round-trips
+                    # it (JSON gives a tuple back as a list).
+                    replayed: _R = call.result
+                    return replayed
                 result = fn(*args, **kwargs)
                 call.complete(result)
                 return result
 
-        return run  # type: ignore[return-value]
+        return run
 
     return decorate

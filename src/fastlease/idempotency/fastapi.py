@@ -74,7 +74,16 @@ def idempotent_route(
     ttl: Optional[float] = DEFAULT_TTL,
     replay_headers: Sequence[str] = REPLAY_HEADERS,
 ) -> type[APIRoute]:
-    """An ``APIRoute`` class for ``APIRouter(route_class=...)``: see the module documentation."""
+    """An ``APIRoute`` class for ``APIRouter(route_class=...)``: see the module documentation.
+
+    ``table`` keeps the stored responses (``lock_table``, default ``<table>_locks``, the in-flight
+    leases); ``header`` names the key's header and ``required`` whether a request without it is
+    refused (400) or simply runs; ``scope(request)`` returns the client's identity (a str) that keys
+    are scoped to; only requests whose method is in ``methods`` are guarded; ``lease_duration``,
+    ``wait`` and ``ttl`` are seconds, as for :class:`~fastlease.idempotency.IdempotentCall`;
+    ``replay_headers`` are the response headers stored and replayed. Raises TypeError or ValueError
+    for bad options, including a client whose store keeps no idempotency records.
+    """
     spec = _CallSpec(client, table, lock_table, lease_duration, wait, ttl, _JSON, (Exception,))
     if scope is not None and not callable(scope):
         raise TypeError(f"scope must be a function of the request returning a str, got {scope!r}")
@@ -154,7 +163,7 @@ class _ResponseJSON:
 _JSON = _ResponseJSON()
 
 
-def _stored(response: Response, kept: tuple) -> dict[str, Any]:
+def _stored(response: Response, kept: tuple[str, ...]) -> dict[str, Any]:
     body = getattr(response, "body", None)
     if not isinstance(body, (bytes, bytearray)):
         raise TypeError(f"{type(response).__name__} has no body to store: idempotent routes cannot stream")

@@ -96,11 +96,11 @@ def _read_response(connection: _Connection, deadline: float) -> tuple[int, bytes
     match = _CONTENT_LENGTH.search(head)
     length = int(match.group(1)) if match else -1
     chunked = _CHUNKED.search(head) is not None
-    connection = _CONNECTION.search(head)
+    connection_header = _CONNECTION.search(head)
     if status_line.startswith(b"HTTP/1.1"):
-        keep_alive = connection is None or connection.group(1).lower() != b"close"
+        keep_alive = connection_header is None or connection_header.group(1).lower() != b"close"
     else:
-        keep_alive = connection is not None and connection.group(1).lower() == b"keep-alive"
+        keep_alive = connection_header is not None and connection_header.group(1).lower() == b"keep-alive"
     if chunked:
         return status, _read_chunked(sock, buffer, deadline), keep_alive
     if length < 0:
@@ -236,13 +236,13 @@ class FastTransport:
             status, payload = self._exchange(operation, headers, body, timeout_s)
         if status == 200:
             try:
-                return _decode_json(payload.decode()) if payload else {}  # type: ignore[no-any-return]
+                return _decode_json(payload.decode()) if payload else {}
             except ValueError as error:  # a garbled success: the write may well have been applied
                 raise StoreError(f"DynamoDB {operation}: undecodable response", maybe_committed=True) from error
         try:
-            error = _decode_json(payload.decode("utf-8", "replace"))
-            code = str(error.get("__type", "")).rpartition("#")[2]
-            message = str(error.get("message") or error.get("Message") or "")
+            reply = _decode_json(payload.decode("utf-8", "replace"))
+            code = str(reply.get("__type", "")).rpartition("#")[2]
+            message = str(reply.get("message") or reply.get("Message") or "")
         except ValueError:
             code, message = "", payload[:200].decode("utf-8", "replace")
         raise ServiceError(code or f"HTTP{status}", message, status)

@@ -37,7 +37,9 @@ class LockRow(NamedTuple):
 class UsageMeter(Protocol):
     """Where a store reports the capacity consumed by a successful response."""
 
-    def add_capacity(self, rcu: float, wcu: float) -> None: ...
+    def add_capacity(self, rcu: float, wcu: float) -> None:
+        """Add the read (``rcu``) and write (``wcu``) capacity units one successful response consumed."""
+        ...
 
 
 class _NoUsage:
@@ -117,7 +119,9 @@ class ReleaseFeed(Protocol):
         not, a release since the caller's last read may have gone unreported). Never raises or waits."""
         ...
 
-    def unwatch(self, watch: Any) -> None: ...
+    def unwatch(self, watch: Any) -> None:
+        """End a watch that ``watch`` returned: its ``wake`` is not called again. Never raises or waits."""
+        ...
 
 
 class Record(NamedTuple):

@@ -30,7 +30,7 @@ import binascii
 import logging
 from typing import Any, Callable, Optional
 
-from ..client import LeaseClient
+from ..client import Clock, LeaseClient
 from ..exceptions import MalformedLockRow, StoreError, StoreRequestRejected
 from .base import NO_USAGE, LockRow, Record, UsageMeter
 
@@ -133,11 +133,15 @@ class Boto3Transport:
         return client
 
     def call(self, operation: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send one request (``operation`` is the API name, such as ``PutItem``) on the lock client of
+        ``timeout_s``'s bucket and return the response. An error response raises ServiceError; botocore's
+        own failures raise StoreRequestRejected, or StoreError (``maybe_committed`` once sent)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         client = self._client(timeout_s)
         try:
-            return getattr(client, _METHODS[operation])(**params)  # type: ignore[no-any-return]
+            response: dict[str, Any] = getattr(client, _METHODS[operation])(**params)
+            return response
         except ClientError as error:
             info = error.response.get("Error", {})
             status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -270,6 +274,8 @@ class DynamoDBStore:
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
     ) -> bool:
+        """PutItem of a fresh row on ``attribute_not_exists(#key)``: True if written, else False (protocol
+        v1 rows keep no fencing token)."""
         params = {
             "TableName": table,
             "Item": _row_item(key, owner, version, lease_ms),
@@ -290,6 +296,8 @@ class DynamoDBStore:
         timeout_s: float,
         usage: UsageMeter,
     ) -> bool:
+        """PutItem of a fresh row on the observed (expected_owner, expected_version): True if written,
+        else False."""
         params = {
             "TableName": table,
             "Item": _row_item(key, owner, version, lease_ms),
@@ -317,18 +325,22 @@ class DynamoDBStore:
     def update_version_if(
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
+        """UpdateItem of the version alone, on (owner, version): True if applied."""
         return self._update_if_held(table, key, owner, version, RENEW_UPDATE, OWNER_AND_VERSION_CONDITION,
                                     _OWNER_VERSION_NAMES, {":new_version": {"S": new_version}}, timeout_s, usage)
 
     def mark_waiting(
         self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
+        """UpdateItem setting ``waiting`` once per hold, on (owner, version): True if applied."""
         return self._update_if_held(table, key, owner, version, WAITING_UPDATE, WAITING_CONDITION,
                                     _WAITING_NAMES, {":waiting": {"BOOL": True}}, timeout_s, usage)
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
     ) -> Optional[LockRow]:
+        """DeleteItem on the owner, returning the old item: a row that carries only its ``waiting`` hint
+        (all the contract requires), else None."""
         params = {
             "TableName": table,
             "Key": {"key": {"S": key}},
@@ -346,6 +358,8 @@ class DynamoDBStore:
         return LockRow(owner, "", 0, 0, old.get("waiting") == {"BOOL": True})
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
+        """Consistent GetItem: the parsed row, or None. A missing or mistyped attribute raises
+        MalformedLockRow."""
         params = {"TableName": table, "Key": {"key": {"S": key}}, "ConsistentRead": True}
         response = self._send("GetItem", params, timeout_s, usage, key)
         item = response.get("Item")
@@ -358,6 +372,8 @@ class DynamoDBStore:
     max_result_bytes = 290_000
 
     def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
+        """Consistent GetItem of the record of ``key`` in table ``table``: the Record, or None;
+        MalformedLockRow if the item is not a record."""
         params = {"TableName": table, "Key": {"key": {"S": key}}, "ConsistentRead": True}
         item = self._send("GetItem", params, timeout_s, NO_USAGE, key).get("Item")
         if item is None:
@@ -370,6 +386,9 @@ class DynamoDBStore:
             raise MalformedLockRow(f"idempotency record of {key!r} in {table!r} is malformed", key=key) from error
 
     def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
+        """One TransactWriteItems: delete the lease row on ``record.owner`` and put the record. False if
+        that owner does not hold the lease; StoreError for conflicts and throttling (not applied) and
+        server errors (maybe committed)."""
         item = {name: ({"N": str(value)} if isinstance(value, int) else {"S": value})
                 for name, value in record_item(key, record).items()}
         params = {"TransactItems": [
@@ -434,7 +453,7 @@ class DynamoDBClient(LeaseClient):
         endpoint_url: Optional[str] = None,
         region_name: Optional[str] = None,
         fast_path: bool = True,
-        clock: Optional[Any] = None,
+        clock: Optional[Clock] = None,
         **engine: Any,
     ) -> None:
         boto3 = _import_boto3()
@@ -479,10 +498,12 @@ class DynamoDBClient(LeaseClient):
 
     @property
     def region_name(self) -> str:
+        """The Region of your boto3 client, where the lock requests go too."""
         return str(self.boto3_client.meta.region_name)
 
     @property
     def endpoint_url(self) -> str:
+        """The endpoint URL of your boto3 client, which the lock requests use too."""
         return str(self.boto3_client.meta.endpoint_url)
 
     def _lock_client_factory(self) -> Callable[[float], Any]:

@@ -9,14 +9,25 @@ check per request.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
-from ..client import LeaseClient
+from ..client import Clock, LeaseClient
 from .base import LockRow, Record, UsageMeter
 
 __all__ = ["MemoryClient", "MemoryStore"]
 
 PROTOCOL_V1 = 1
+
+_T = TypeVar("_T")
+
+
+class FaultHook(Protocol):
+    """What ``MemoryStore.faults`` holds: every request of the store goes through ``run`` (see
+    :class:`fastlease.testing.FaultInjector`)."""
+
+    def run(self, operation: str, apply: Callable[..., _T], args: tuple[Any, ...], timeout_s: float) -> _T:
+        """Run request ``operation`` (``apply(*args)`` applies it) within ``timeout_s`` seconds, or
+        fail it: delay it, skip it, or raise StoreError after applying it or not."""
 
 
 class MemoryStore:
@@ -30,7 +41,7 @@ class MemoryStore:
         self._records: dict[tuple[str, str], Record] = {}  # idempotency records by (table, key)
         self._lock = threading.Lock()
         #: Optional fault hook: ``faults.run(operation, apply, args, timeout_s)``.
-        self.faults: Optional[Any] = None
+        self.faults: Optional[FaultHook] = None
 
     @property
     def blocking(self) -> bool:
@@ -42,6 +53,7 @@ class MemoryStore:
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
     ) -> int:
+        """Create the row if ``(table, key)`` has none: its new fencing token (an int >= 1), else False."""
         if self.faults is None:
             return self._put_if_absent(table, key, owner, version, lease_ms)
         return self.faults.run("put_if_absent", self._put_if_absent, (table, key, owner, version, lease_ms), timeout_s)
@@ -71,6 +83,8 @@ class MemoryStore:
         timeout_s: float,
         usage: UsageMeter,
     ) -> int:
+        """Replace the row only if it holds exactly (expected_owner, expected_version): the new fencing
+        token, else False."""
         args = (table, key, expected_owner, expected_version, owner, version, lease_ms)
         if self.faults is None:
             return self._replace_if(*args)
@@ -89,6 +103,7 @@ class MemoryStore:
     def update_version_if(
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
+        """Set the row's version to ``new_version`` only if it holds (owner, version); True if it did."""
         args = (table, key, owner, version, new_version)
         if self.faults is None:
             return self._update_version_if(*args)
@@ -106,6 +121,7 @@ class MemoryStore:
     def mark_waiting(
         self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
+        """Set the row's ``waiting`` hint only if it holds (owner, version) and has none yet; True if it did."""
         if self.faults is None:
             return self._mark_waiting(table, key, owner, version)
         return self.faults.run("mark_waiting", self._mark_waiting, (table, key, owner, version), timeout_s)
@@ -122,9 +138,10 @@ class MemoryStore:
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
     ) -> Optional[LockRow]:
+        """Delete the row only if ``owner`` holds it: the row as it was, else None."""
         if self.faults is None:
             return self._delete_if_owner(table, key, owner)
-        return self.faults.run("delete_if_owner", self._delete_if_owner, (table, key, owner), timeout_s)  # type: ignore[no-any-return]
+        return self.faults.run("delete_if_owner", self._delete_if_owner, (table, key, owner), timeout_s)
 
     def _delete_if_owner(self, table: str, key: str, owner: str) -> Optional[LockRow]:
         slot = (table, key)
@@ -136,19 +153,24 @@ class MemoryStore:
             return row
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
+        """The row of ``(table, key)`` as stored (unchecked), or None."""
         if self.faults is None:
             return self._rows.get((table, key))
-        return self.faults.run("read", self._rows.get, ((table, key),), timeout_s)  # type: ignore[no-any-return]
+        return self.faults.run("read", self._rows.get, ((table, key),), timeout_s)
 
     # ---- direct access for tests and tools ------------------------------------------------------
     # ---- idempotency records (no fault hook: the engine's reconciliation is what faults test) ----
     max_result_bytes = None
 
     def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
+        """The idempotency record of ``key`` in record table ``table``, expired or not, or None."""
         with self._lock:
             return self._records.get((table, key))
 
     def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
+        """In one critical section, only while ``record.owner`` holds the lease on ``key`` in
+        ``lock_table``: store ``record`` in ``table`` (replacing any) and delete the lease row. False if
+        that owner does not hold it."""
         with self._lock:
             row = self._rows.get((lock_table, key))
             if row is None or row.owner != record.owner:
@@ -180,11 +202,11 @@ class MemoryClient(LeaseClient):
     own observation cache and renewal thread. ``clock`` injects time (see ``fastlease.testing.FakeClock``).
     """
 
-    def __init__(self, *, store: Optional[MemoryStore] = None, clock: Optional[Any] = None, **engine: Any) -> None:
+    def __init__(self, *, store: Optional[MemoryStore] = None, clock: Optional[Clock] = None, **engine: Any) -> None:
         self.store = store if store is not None else MemoryStore()
         super().__init__(self.store, clock=clock, **engine)
 
     def inspect(self, table: str, key: Optional[str] = None) -> list[dict[str, Any]]:
         rows = self.store.rows(self._core.check_table(table))
-        return [{"key": k, **row._asdict(), "fence": None}
+        return [{"key": k, **row._asdict()}
                 for k, row in sorted(rows.items()) if key is None or k == key]

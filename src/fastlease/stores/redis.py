@@ -32,12 +32,15 @@ import itertools
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .._core_py import check_table
-from ..client import LeaseClient
+from ..client import Clock, LeaseClient
 from ..exceptions import MalformedLockRow, StoreError, StoreRequestRejected
 from .base import NO_USAGE, LockRow, Record, UsageMeter
+
+if TYPE_CHECKING:  # redis-py is optional: imported when a client is made
+    import redis
 
 __all__ = ["RedisClient", "RedisStore", "RedisReleaseFeed", "PREFIX"]
 
@@ -158,6 +161,7 @@ def lease_key(table: str, key: str) -> bytes:
 
 
 def fence_key(table: str, key: str) -> bytes:
+    """The Redis key of the fencing counter of ``key`` in lock table ``table`` (it never expires)."""
     return f"{PREFIX}:{table}:fence:".encode() + key.encode("utf-8")
 
 
@@ -167,10 +171,11 @@ def record_key(table: str, key: str) -> bytes:
 
 
 def release_channel(table: str, key: str) -> bytes:
+    """The pub/sub channel that releases of ``key`` in lock table ``table`` are published on."""
     return f"{PREFIX}:{table}:released:".encode() + key.encode("utf-8")
 
 
-def _pack(command: tuple) -> bytes:
+def _pack(command: tuple[Any, ...]) -> bytes:
     """One command in RESP (an array of bulk strings). Our arguments are only bytes, str (UTF-8) and
     int, so this is all redis-py's encoder would do, in a third of the time."""
     parts = [b"*%d\r\n" % len(command)]
@@ -340,7 +345,9 @@ class RedisStore:
             return StoreError(f"Redis could not run the request on {key!r} now: {text}", key=key)
         return StoreRequestRejected(f"Redis refused the request on {key!r} ({self.describe()}): {text}", key=key)
 
-    def run_script(self, script: _Script, key: str, timeout_s: float, keys: tuple, args: tuple) -> Any:
+    def run_script(
+        self, script: _Script, key: str, timeout_s: float, keys: tuple[bytes, ...], args: tuple[Any, ...]
+    ) -> object:
         """EVALSHA; on NOSCRIPT (the script did not run) SCRIPT LOAD and EVALSHA once more."""
         command = (b"EVALSHA", script.sha, len(keys), *keys, *args)
         try:
@@ -356,6 +363,8 @@ class RedisStore:
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
     ) -> int:
+        """The ACQUIRE script: create the lease (PX ``lease_ms``) if the key is absent. The new fencing
+        token from the key's counter, else False."""
         keys = (lease_key(table, key), fence_key(table, key))
         return _token(self.run_script(_ACQUIRE, key, timeout_s, keys, (owner, version, lease_ms)), key)
 
@@ -371,6 +380,8 @@ class RedisStore:
         timeout_s: float,
         usage: UsageMeter,
     ) -> int:
+        """The TAKE_OVER script: replace the whole lease only if it holds exactly (expected_owner,
+        expected_version). The new fencing token, else False."""
         keys = (lease_key(table, key), fence_key(table, key))
         args = (expected_owner, expected_version, owner, version, lease_ms)
         return _token(self.run_script(_TAKE_OVER, key, timeout_s, keys, args), key)
@@ -378,16 +389,21 @@ class RedisStore:
     def update_version_if(
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
+        """The RENEW script: a new version and a fresh PX, only on exactly (owner, version); True if it ran."""
         return self.run_script(_RENEW, key, timeout_s, (lease_key(table, key),), (owner, version, new_version)) == 1
 
     def mark_waiting(
         self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
+        """The MARK_WAITING script: set the hint once per hold, only on exactly (owner, version); True if it
+        did. The PX is left alone."""
         return self.run_script(_MARK_WAITING, key, timeout_s, (lease_key(table, key),), (owner, version)) == 1
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
     ) -> Optional[LockRow]:
+        """The RELEASE script: delete the lease only if ``owner`` holds it, and publish the release. A row
+        that carries only the old ``waiting`` hint (all the contract requires), else None."""
         reply = self.run_script(_RELEASE, key, timeout_s, (lease_key(table, key),),
                                 (owner, release_channel(table, key)))
         if not reply:
@@ -395,12 +411,16 @@ class RedisStore:
         return LockRow(owner, "", 0, 0, reply == 2)  # the store contract: only the hint is read
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
+        """HGETALL of the lease: the row, or None if the key is absent. Fields are returned as stored for
+        ``check_row`` to judge; an owner or version that is not UTF-8 raises MalformedLockRow."""
         return _row(self.call(key, timeout_s, b"HGETALL", lease_key(table, key)), key)
 
     # ---- idempotency records ------------------------------------------------------------------
     max_result_bytes = 100_000_000  # Redis takes values up to 512 MB; this keeps a reply reasonable
 
     def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
+        """HGETALL of the record of ``key`` in record table ``table``: the Record, or None.
+        MalformedLockRow if a field is missing or mistyped."""
         fields = _fields(self.call(key, timeout_s, b"HGETALL", record_key(table, key)))
         if not fields:
             return None
@@ -413,6 +433,9 @@ class RedisStore:
         return Record(state, fingerprint, result, expires, owner)
 
     def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
+        """The FINISH script: only while ``record.owner`` holds the lease on ``key`` in ``lock_table``,
+        replace the record (its PX counted from ``expires_at_ms`` on the server's clock), delete the
+        lease and publish its release. False if that owner does not hold it."""
         px = 0
         if record.expires_at_ms:
             px = max(1, record.expires_at_ms - int(time.time() * 1000))  # native expiry, the server's clock
@@ -457,7 +480,7 @@ class RedisStore:
             connection.disconnect()
 
 
-def _token(reply: Any, key: str) -> int:
+def _token(reply: object, key: str) -> int:
     """A script's fencing token reply: 0 (not applied) -> False, else the token."""
     if type(reply) is not int or reply < 0:
         raise MalformedLockRow(f"Redis fencing counter of {key!r} gave {reply!r}, not a positive int", key=key)
@@ -537,6 +560,7 @@ class RedisReleaseFeed:
         return Watch(name, ident, channel.ready, was_ready)
 
     def unwatch(self, watch: Watch) -> None:
+        """End ``watch``: its ``wake`` is not called again. The channel stays subscribed ``LINGER_S`` more."""
         with self._lock:
             channel = self._channels.get(watch.channel)
             if channel is not None and channel.watchers.pop(watch.ident, None) is not None and not channel.watchers:
@@ -549,6 +573,7 @@ class RedisReleaseFeed:
             return channel is not None and channel.subscribed and channel.ready.is_set()
 
     def close(self) -> None:
+        """Stop the listener thread (joined for up to 5 s); waiters then rely on polling alone."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -655,8 +680,8 @@ class RedisClient(LeaseClient):
     is no ``check_in``: Redis has no transaction that can join your other writes.
     """
 
-    def __init__(self, redis_or_url: Any, *, clock: Optional[Any] = None, wake_on_release: bool = True,
-                 **engine: Any) -> None:
+    def __init__(self, redis_or_url: Union[str, redis.Redis], *, clock: Optional[Clock] = None,
+                 wake_on_release: bool = True, **engine: Any) -> None:
         redis = _load_redis()
         if isinstance(redis_or_url, str):
             try:

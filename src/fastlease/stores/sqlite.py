@@ -27,7 +27,7 @@ import time
 from typing import Any, Optional
 
 from .._core_py import check_table
-from ..client import LeaseClient
+from ..client import Clock, LeaseClient
 from ..exceptions import LockLost, StoreError, StoreRequestRejected
 from .base import LockRow, Record, UsageMeter
 
@@ -199,14 +199,14 @@ class SQLiteStore:
             return StoreError(text, key=key, maybe_committed=True)
         return StoreRequestRejected(f"{text} (lock file {self.path!r})", key=key)
 
-    def _applied(self, table: str, key: str, timeout_s: float, statement: str, parameters: tuple) -> bool:
+    def _applied(self, table: str, key: str, timeout_s: float, statement: str, parameters: tuple[Any, ...]) -> bool:
         """Run one conditional write; True if it changed the row."""
         return bool(self._run(
             table, key, timeout_s,
             lambda connection, name: connection.execute(statement.format(name=name), parameters).rowcount == 1,
         ))
 
-    def _acquired(self, table: str, key: str, timeout_s: float, statement: str, parameters: tuple) -> int:
+    def _acquired(self, table: str, key: str, timeout_s: float, statement: str, parameters: tuple[Any, ...]) -> int:
         """Run an acquisition write and read the fencing token it set, in one IMMEDIATE transaction:
         False if not applied, else the token."""
 
@@ -222,6 +222,8 @@ class SQLiteStore:
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
     ) -> int:
+        """Insert the row, or revive a freed one (its fence counter kept and incremented), only if nobody
+        holds the key; in the same IMMEDIATE transaction read the fencing token back. The token, else False."""
         return self._acquired(table, key, timeout_s, _PUT_IF_ABSENT, (key, owner, version, lease_ms))
 
     def replace_if(
@@ -236,22 +238,28 @@ class SQLiteStore:
         timeout_s: float,
         usage: UsageMeter,
     ) -> int:
+        """The takeover: overwrite owner, version and lease_ms and increment the fence, only if the row holds
+        exactly (expected_owner, expected_version). The new fencing token, else False."""
         parameters = (owner, version, lease_ms, key, expected_owner, expected_version)
         return self._acquired(table, key, timeout_s, _REPLACE_IF, parameters)
 
     def update_version_if(
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
+        """Renewal: set the version only if the row holds (owner, version); True if it did."""
         return self._applied(table, key, timeout_s, _UPDATE_VERSION_IF, (new_version, key, owner, version))
 
     def mark_waiting(
         self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
+        """Set the ``waiting`` hint once per hold, only on exactly (owner, version); True if it did."""
         return self._applied(table, key, timeout_s, _MARK_WAITING, (key, owner, version))
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
     ) -> Optional[LockRow]:
+        """Release: free the row (owner NULL; the fence counter stays) only if ``owner`` holds it, reading
+        it in the same transaction. The row as it was (with its waiting hint), else None."""
         def free(connection: sqlite3.Connection, name: str) -> Optional[LockRow]:
             # In one transaction, so the hint returned is the one on the row we free.
             found = connection.execute(_READ_OWNED.format(name=name), (key, owner)).fetchone()
@@ -266,6 +274,7 @@ class SQLiteStore:
         return result
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
+        """The held row of ``key`` as stored (values of any type reach ``check_row`` as they are), or None."""
         found = self._run(
             table, key, timeout_s,
             lambda connection, name: connection.execute(_READ.format(name=name), (key,)).fetchone(),
@@ -284,6 +293,8 @@ class SQLiteStore:
         return name
 
     def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
+        """The record of ``key`` in record table ``table`` (SQL table ``fastlease_record_<table>``, made on
+        first use), expired or not, or None."""
         def read(connection: sqlite3.Connection, _: None) -> Any:
             return connection.execute(_READ_RECORD.format(name=self._records_table(connection, table)),
                                       (key,)).fetchone()
@@ -292,6 +303,9 @@ class SQLiteStore:
         return None if found is None else Record(found[0], found[1], bytes(found[2]), found[3], found[4])
 
     def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
+        """In one IMMEDIATE transaction, only while ``record.owner`` holds the lease on ``key`` in
+        ``lock_table``: free the lease row, store ``record`` (replacing any) and purge a few expired
+        records of ``table``. False (nothing written) if that owner does not hold it."""
         records = self._run(None, key, timeout_s, lambda connection, _: self._records_table(connection, table))
 
         def finish(connection: sqlite3.Connection, locks: str) -> bool:
@@ -345,7 +359,8 @@ def _row(found: tuple[Any, ...]) -> LockRow:
     """A stored row as the engine checks it: SQLite keeps any value in any column, so a row written by
     hand with wrong types reaches ``check_row`` as is and fails closed there."""
     owner, version, lease_ms, protocol, waiting, fence = found
-    flag = {0: False, 1: True}.get(waiting, waiting) if type(waiting) is int else waiting
+    # Any other stored value is passed on as it is, for check_row to refuse.
+    flag: Any = {0: False, 1: True}.get(waiting, waiting) if type(waiting) is int else waiting
     return LockRow(owner, version, lease_ms, protocol, flag, fence)
 
 
@@ -358,7 +373,7 @@ class SQLiteClient(LeaseClient):
     ``lease.check_in(connection)`` checks ownership inside your own write transaction on the same file.
     """
 
-    def __init__(self, path: "str | os.PathLike[str]", *, clock: Optional[Any] = None, **engine: Any) -> None:
+    def __init__(self, path: "str | os.PathLike[str]", *, clock: Optional[Clock] = None, **engine: Any) -> None:
         self.store = SQLiteStore(path)
         super().__init__(self.store, clock=clock, **engine)
 
