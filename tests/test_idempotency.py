@@ -70,9 +70,15 @@ def opened(request: pytest.FixtureRequest) -> Iterator[Store]:
         store.close()
 
 
-store = pytest.fixture(params=STORES, name="store")(opened)
+def store_params(kinds: list[str]) -> list[object]:
+    """DynamoDB (the moto server) and Redis cases are marked ``server``: the wheel tests deselect them."""
+    return [pytest.param(kind, marks=pytest.mark.server) if kind in ("dynamodb", "redis") else kind for kind in kinds]
+
+
+store = pytest.fixture(params=store_params(STORES), name="store")(opened)
 #: A store that other processes reach too.
-shared_store = pytest.fixture(params=[kind for kind in STORES if kind != "memory"], name="shared_store")(opened)
+shared_store = pytest.fixture(params=store_params([kind for kind in STORES if kind != "memory"]),
+                              name="shared_store")(opened)
 
 
 def run_threads(count: int, target: Any) -> list[Any]:
@@ -276,6 +282,7 @@ def test_async_functions_are_idempotent_too(store):
 
 
 # ---- store specifics ------------------------------------------------------------------------------------
+@pytest.mark.server
 def test_a_result_too_large_for_dynamodb_is_refused_and_the_key_released(request):
     opened = Store(request, "dynamodb")
     try:
@@ -290,6 +297,7 @@ def test_a_result_too_large_for_dynamodb_is_refused_and_the_key_released(request
         opened.close()
 
 
+@pytest.mark.server
 def test_on_dynamodb_the_completion_commits_with_the_callers_transaction(request):
     from fastlease.dynamodb import SyncTransaction
 
@@ -378,3 +386,42 @@ def test_a_completion_whose_answer_is_lost_is_recognised_as_ours(core, monkeypat
     with IdempotentCall(client, table="payments", key="p") as again:
         assert again.replayed and again.result == {"receipt": 1}
 
+
+
+@pytest.mark.parametrize("kind", store_params(["memory", "sqlite", "redis"]))
+def test_records_expire_on_the_clients_clock_not_the_machines(kind, request, tmp_path):
+    # A FakeClock starts on 2026-01-01, months behind the machine's clock. A store that counted a record's
+    # expiry on the machine's clock (Redis PX, SQLite's purge) would drop it at once, and the duplicate
+    # below would run the handler again.
+    from fastlease.testing import FakeClock
+
+    clock = FakeClock()
+    if kind == "memory":
+        client = MemoryClient(clock=clock)
+    elif kind == "sqlite":
+        client = SQLiteClient(tmp_path / "records.db", clock=clock)
+    else:
+        from fastlease import RedisClient
+
+        client = RedisClient(request.getfixturevalue("redis_url"), clock=clock)
+    runs: list[str] = []
+    table = f"expiry_{uuid.uuid4().hex[:8]}"
+
+    @idempotent(client, table=table, key="{order}", ttl=3600)
+    def charge(order: str) -> int:
+        runs.append(order)
+        return len(runs)
+
+    try:
+        assert charge("o-1") == 1
+        if kind == "redis":  # the native expiry is the whole ttl (a replay could beat a 1 ms PX, so read it)
+            import redis
+
+            server = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+            assert server.pttl(f"fastlease:{table}:record:o-1") > 3_590_000
+            server.close()
+        assert charge("o-1") == 1 and runs == ["o-1"]  # replayed: the record lives for its ttl
+        clock.advance(3601)
+        assert charge("o-1") == 2  # expired on the client's clock, so the call runs again
+    finally:
+        client.close()

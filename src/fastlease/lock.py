@@ -200,7 +200,7 @@ class SyncDistributedLock:
     @property
     def fencing_token(self) -> Optional[int]:
         """This acquisition's fencing token once held: an int that every acquisition and takeover of
-        the key increases, on stores that keep one (SQLite, memory); None on DynamoDB protocol v1.
+        the key increases, on stores that keep one (SQLite, Redis, memory); None on DynamoDB protocol v1.
         Pass it to whatever the lease protects and have that refuse a token lower than one it has seen."""
         token: Optional[int] = self._lease.fencing_token
         return token

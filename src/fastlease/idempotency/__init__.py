@@ -349,7 +349,7 @@ class IdempotentCall:
             lease.raise_if_lost()  # never write on a lapsed lease
             try:
                 finished = spec.store.finish_if_owner(spec.lock_table, self.key, spec.table, record,
-                                                      self._timeout_s())
+                                                      self._now_ms(), self._timeout_s())
                 break
             except StoreError as error:
                 if error.maybe_committed and self._finished_by_us(lease.owner):

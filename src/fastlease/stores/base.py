@@ -151,7 +151,12 @@ class RecordStore(Protocol):
         caller compares ``expires_at_ms`` (stores with native expiry also drop them on their own)."""
         ...
 
-    def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
+    def finish_if_owner(
+        self, lock_table: str, key: str, table: str, record: Record, now_ms: int, timeout_s: float
+    ) -> bool:
         """Only while ``record.owner`` holds the lease on ``key`` in ``lock_table``, atomically: store
-        ``record`` (replacing any) and delete the lease row (a release). False if it does not hold it."""
+        ``record`` (replacing any) and delete the lease row (a release). False if it does not hold it.
+
+        ``now_ms`` is the caller's wall clock (Unix ms), for stores that count an expiry from now: a
+        store never reads a clock of its own, so an injected clock governs records as it does leases."""
         ...

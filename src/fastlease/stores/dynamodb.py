@@ -385,7 +385,9 @@ class DynamoDBStore:
         except (KeyError, TypeError, ValueError, binascii.Error) as error:
             raise MalformedLockRow(f"idempotency record of {key!r} in {table!r} is malformed", key=key) from error
 
-    def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
+    def finish_if_owner(
+        self, lock_table: str, key: str, table: str, record: Record, now_ms: int, timeout_s: float
+    ) -> bool:
         """One TransactWriteItems: delete the lease row on ``record.owner`` and put the record. False if
         that owner does not hold the lease; StoreError for conflicts and throttling (not applied) and
         server errors (maybe committed)."""

@@ -167,7 +167,9 @@ class MemoryStore:
         with self._lock:
             return self._records.get((table, key))
 
-    def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
+    def finish_if_owner(
+        self, lock_table: str, key: str, table: str, record: Record, now_ms: int, timeout_s: float
+    ) -> bool:
         """In one critical section, only while ``record.owner`` holds the lease on ``key`` in
         ``lock_table``: store ``record`` in ``table`` (replacing any) and delete the lease row. False if
         that owner does not hold it."""

@@ -432,13 +432,16 @@ class RedisStore:
             raise MalformedLockRow(f"idempotency record of {key!r} in {table!r} is malformed", key=key)
         return Record(state, fingerprint, result, expires, owner)
 
-    def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
+    def finish_if_owner(
+        self, lock_table: str, key: str, table: str, record: Record, now_ms: int, timeout_s: float
+    ) -> bool:
         """The FINISH script: only while ``record.owner`` holds the lease on ``key`` in ``lock_table``,
-        replace the record (its PX counted from ``expires_at_ms`` on the server's clock), delete the
-        lease and publish its release. False if that owner does not hold it."""
+        replace the record (its PX, the time left until ``expires_at_ms`` at the caller's ``now_ms``, runs
+        on the server's clock), delete the lease and publish its release. False if that owner does not
+        hold it."""
         px = 0
         if record.expires_at_ms:
-            px = max(1, record.expires_at_ms - int(time.time() * 1000))  # native expiry, the server's clock
+            px = max(1, record.expires_at_ms - now_ms)  # native expiry: the time left, not a clock reading
         keys = (lease_key(lock_table, key), record_key(table, key))
         args = (record.owner, record.state, record.fingerprint, record.result, record.expires_at_ms, px,
                 release_channel(lock_table, key))

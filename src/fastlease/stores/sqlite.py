@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import time
 from typing import Any, Optional
 
 from .._core_py import check_table
@@ -302,7 +301,9 @@ class SQLiteStore:
         found = self._run(None, key, timeout_s, read)
         return None if found is None else Record(found[0], found[1], bytes(found[2]), found[3], found[4])
 
-    def finish_if_owner(self, lock_table: str, key: str, table: str, record: Record, timeout_s: float) -> bool:
+    def finish_if_owner(
+        self, lock_table: str, key: str, table: str, record: Record, now_ms: int, timeout_s: float
+    ) -> bool:
         """In one IMMEDIATE transaction, only while ``record.owner`` holds the lease on ``key`` in
         ``lock_table``: free the lease row, store ``record`` (replacing any) and purge a few expired
         records of ``table``. False (nothing written) if that owner does not hold it."""
@@ -312,7 +313,7 @@ class SQLiteStore:
             if connection.execute(_FREE.format(name=locks), (key, record.owner)).rowcount != 1:
                 return False  # nothing written: the transaction ends without a change
             connection.execute(_WRITE_RECORD.format(name=records), (key, *record))
-            connection.execute(_PURGE_RECORDS.format(name=records), (int(time.time() * 1000),))
+            connection.execute(_PURGE_RECORDS.format(name=records), (now_ms,))
             return True
 
         result: bool = self._run(lock_table, key, timeout_s,
