@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: test demo bench chaos clean redis-server
+.PHONY: test demo bench chaos clean redis-server wheel
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,10 @@ $(INSTALLED): $(PY) pyproject.toml setup.py src/fastlease/_core.pyx
 	$(PY) -m pip install -q -e . --group test --group bench
 	touch $@
 
+# Lint and strict typing first (seconds), then the suite.
 test: $(INSTALLED) redis-server
+	$(VENV)/bin/ruff check src tests bench setup.py
+	$(VENV)/bin/mypy --strict src/fastlease
 	$(PY) -m pytest
 
 # The Redis tests start their own redis-server (a free 127.0.0.1 port, no persistence). Installed
@@ -30,6 +33,12 @@ redis-server:
 		echo "redis-server is missing: install it (sudo apt-get install -y redis-server) or set REDIS_SERVER;" \
 		     "the Redis tests are skipped until then"; \
 	fi
+
+# Build the sdist and wheel, repair the wheel (auditwheel, manylinux_2_28 at most), install it into a clean
+# venv outside the tree and run the server-free suite against it; then the sdist's no-compiler fallback.
+wheel: $(PY)
+	$(PY) -m pip install -q --group wheel 2>&1 | grep -v "^WARNING: Location" || true
+	wheels/build_and_test.sh
 
 demo: $(INSTALLED)
 	$(VENV)/bin/fastlease demo

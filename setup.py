@@ -1,18 +1,64 @@
-"""Builds the one compiled extension, fastlease._core; none when FASTLEASE_NO_EXTENSIONS=1 or off CPython."""
+"""Builds the one compiled extension, fastlease._core: none when FASTLEASE_NO_EXTENSIONS=1 or off CPython.
+
+Where it cannot be compiled (no C compiler, no Python headers, no Cython), the package installs with its
+pure-Python twin and the build says so; fastlease also warns at import. FASTLEASE_REQUIRE_EXTENSIONS=1
+makes that a build error instead: release builds set it, so no wheel ships without its core.
+"""
 
 import os
 import platform
 
-from setuptools import setup
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
-ext_modules = []
-if os.environ.get("FASTLEASE_NO_EXTENSIONS", "") in ("", "0") and platform.python_implementation() == "CPython":
-    from Cython.Build import cythonize
-    from setuptools import Extension
+FALLBACK_WARNING = """
+********************************************************************************
+WARNING: fastlease's compiled core could not be built ({reason}).
+fastlease will use its pure-Python engine: the same protocol, with more client CPU per lock operation.
+Install a C compiler and the Python headers, then reinstall, to get the compiled core.
+********************************************************************************
+"""
 
-    ext_modules = cythonize(
+
+def flag(name):
+    return os.environ.get(name, "") not in ("", "0")
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that falls back to the pure-Python twin instead of failing the install."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as error:  # no compiler at all is raised here, before any extension
+            self.fall_back(error)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as error:  # a compiler that fails: missing headers, a broken toolchain
+            self.fall_back(error)
+
+    def fall_back(self, error):
+        if flag("FASTLEASE_REQUIRE_EXTENSIONS"):
+            raise error
+        print(FALLBACK_WARNING.format(reason=f"{type(error).__name__}: {error}"), flush=True)
+
+
+def extensions():
+    if flag("FASTLEASE_NO_EXTENSIONS") or platform.python_implementation() != "CPython":
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError as error:
+        if flag("FASTLEASE_REQUIRE_EXTENSIONS"):
+            raise
+        print(FALLBACK_WARNING.format(reason=f"Cython is not installed: {error}"), flush=True)
+        return []
+    return cythonize(
         [Extension("fastlease._core", ["src/fastlease/_core.pyx"])],
         compiler_directives={"language_level": "3"},
     )
 
-setup(ext_modules=ext_modules)
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -16,6 +16,24 @@ from fastlease.stores.memory import MemoryStore
 from fastlease.testing import FakeClock, FaultInjector
 from proc_helpers import Children
 
+#: Fixtures that start or reach a service process (a moto server, a redis-server): tests that use them are
+#: marked ``server``, so a wheel can be tested where no server runs (``-m "not server"``).
+SERVER_FIXTURES = frozenset({"moto_endpoint", "moto_session", "redis_url", "redis_db", "fastlease_redis_url"})
+#: Fixtures that fork or send POSIX signals: tests that use them are marked ``posix``.
+POSIX_FIXTURES = frozenset({"in_forked_child", "children", "read_only_file"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & SERVER_FIXTURES:
+            item.add_marker(pytest.mark.server)
+        if used & POSIX_FIXTURES:
+            item.add_marker(pytest.mark.posix)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("core") == "py":
+            item.add_marker(pytest.mark.twin)
+
 
 @pytest.fixture(scope="session", params=["c", "py"])
 def core(request: pytest.FixtureRequest) -> ModuleType:

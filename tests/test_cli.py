@@ -96,6 +96,7 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
 
 
+@pytest.mark.posix  # the demo SIGKILLs a worker
 def test_demo_on_sqlite_shows_a_takeover_of_the_killed_holder(tmp_path):
     result = fastlease("demo", "--workers", "3", "--seconds", "4", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -147,6 +148,7 @@ def test_status_list_and_release_on_redis(tmp_path, redis_url, redis_db):
         client.close()
 
 
+@pytest.mark.posix  # the demo SIGKILLs a worker
 def test_text_demo_prints_progress_and_the_table(tmp_path):
     result = fastlease("demo", "--store", "memory", "--workers", "2", "--seconds", "3", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

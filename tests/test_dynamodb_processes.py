@@ -16,8 +16,6 @@ import uuid
 from typing import Any, Iterator, Optional
 
 import pytest
-from pydynox.exceptions import LockNotAcquired as PydynoxLockNotAcquired
-from pydynox.lock import SyncDistributedLock as PydynoxLock
 
 import mp_workers
 from fastlease import LockNotAcquired, SyncDistributedLock
@@ -194,6 +192,10 @@ def test_sigstopped_holder_cannot_commit_after_takeover(
 
 # ---- d. pydynox interop ----------------------------------------------------------------------------
 def test_pydynox_and_fastlease_block_each_other(admin: DynamoDBClient, lock_table: str, moto_endpoint: str) -> None:
+    # pydynox is imported in each test, not at the top: the wheel tests collect this file without the peer.
+    from pydynox.exceptions import LockNotAcquired as PydynoxLockNotAcquired
+    from pydynox.lock import SyncDistributedLock as PydynoxLock
+
     key = "shared"
     client = mp_workers.fastlease_client(moto_endpoint)
     pclient = mp_workers.pydynox_client(moto_endpoint)
@@ -222,6 +224,8 @@ def test_pydynox_and_fastlease_block_each_other(admin: DynamoDBClient, lock_tabl
 def test_pydynox_holds_renews_and_releases_a_row_marked_waiting(
     admin: DynamoDBClient, lock_table: str, moto_endpoint: str
 ) -> None:
+    from pydynox.lock import SyncDistributedLock as PydynoxLock
+
     key = "marked"
     client = mp_workers.fastlease_client(moto_endpoint)
     pclient = mp_workers.pydynox_client(moto_endpoint)
@@ -276,6 +280,8 @@ def test_fastlease_takes_over_a_sigkilled_pydynox_holder(
 def test_pydynox_takes_over_a_sigkilled_fastlease_holder(
     children: Children, admin: DynamoDBClient, lock_table: str, moto_endpoint: str
 ) -> None:
+    from pydynox.lock import SyncDistributedLock as PydynoxLock
+
     key = "fastlease-killed"
     child = children.start(mp_workers.hold_until_killed, moto_endpoint, lock_table, key, KILL_LEASE_S,
                            "fastlease", True)
@@ -297,6 +303,8 @@ def test_pydynox_takes_over_a_sigkilled_fastlease_holder(
 def test_both_libraries_fail_closed_on_a_protocol_2_row(
     admin: DynamoDBClient, lock_table: str, moto_endpoint: str
 ) -> None:
+    from pydynox.lock import SyncDistributedLock as PydynoxLock
+
     key = "from-the-future"
     row_lease_s = 1.0
     item = {

@@ -61,6 +61,23 @@ def test_forked_child_draws_different_tokens(core, in_forked_child):
     assert len(child_token) == 36 and child_token != parent_next
 
 
+def test_an_install_without_the_compiled_core_warns_clearly_and_runs_the_twin(tmp_path):
+    # The package as an sdist installs it where no compiler was found: every file but the compiled core.
+    import shutil
+    import subprocess
+    import sys
+
+    package = os.path.dirname(fastlease.__file__)
+    shutil.copytree(package, tmp_path / "fastlease", ignore=shutil.ignore_patterns("_core.*.so", "_core.*.pyd",
+                                                                                   "_core.c", "__pycache__"))
+    probe = "import fastlease; print(fastlease.IMPLEMENTATION)"
+    result = subprocess.run([sys.executable, "-W", "always", "-c", probe], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(tmp_path)), check=True)
+    assert result.stdout.split() == ["py"]
+    assert "compiled core unavailable (it was not built when fastlease was installed)" in result.stderr
+    assert "circular import" not in result.stderr
+
+
 @pytest.mark.parametrize(("value", "expected"), [("1", "py"), ("0", "c"), ("", "c")])
 def test_environment_variable_selects_the_twin_in_one_place(value, expected):
     import subprocess

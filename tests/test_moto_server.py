@@ -13,14 +13,26 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Iterator, List, Optional
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional
 
 import boto3
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from fastlease.testing_moto import MotoServer, SerialisedWSGIApp
+pytestmark = pytest.mark.server  # every test here starts a moto server process
+
+if TYPE_CHECKING:
+    from fastlease.testing_moto import MotoServer
+
+
+def moto_server_module() -> ModuleType:
+    """fastlease.testing_moto, imported on use: it needs moto's server mode, which the wheel tests (they
+    deselect this module's tests) do not install, and they still collect this file."""
+    import fastlease.testing_moto
+
+    return fastlease.testing_moto
 
 ROUNDS = 1600
 CONTENDERS = 4
@@ -30,7 +42,7 @@ WAIT_S = 30.0  # bound for every barrier wait and thread join
 
 @pytest.fixture(scope="module")
 def moto_server() -> Iterator[MotoServer]:
-    server = MotoServer()
+    server = moto_server_module().MotoServer()
     server.start(timeout_s=60.0)
     try:
         yield server
@@ -133,7 +145,7 @@ def test_conditional_put_has_exactly_one_winner_per_round(moto_server: MotoServe
 
 
 def test_stop_ends_the_child_process() -> None:
-    server = MotoServer()
+    server = moto_server_module().MotoServer()
     try:
         url = server.start(timeout_s=60.0)
         pid = server.pid
@@ -152,7 +164,7 @@ def test_stop_ends_the_child_process() -> None:
 
 
 def test_context_manager_stops_the_child() -> None:
-    with MotoServer() as server:
+    with moto_server_module().MotoServer() as server:
         pid = server.pid
         client = make_client(server.endpoint_url)
         assert client.list_tables()["TableNames"] == []  # a fresh process has fresh moto state
@@ -161,7 +173,7 @@ def test_context_manager_stops_the_child() -> None:
 
 
 def test_start_reports_a_child_that_cannot_start() -> None:
-    server = MotoServer(host="0.0.0.0")
+    server = moto_server_module().MotoServer(host="0.0.0.0")
     with pytest.raises(RuntimeError) as caught:
         server.start(timeout_s=60.0)
     message = str(caught.value)
@@ -215,7 +227,7 @@ def test_middleware_runs_one_request_at_a_time_including_its_body() -> None:
         start_response("200 OK", [("Content-Type", "text/plain")])
         return Body()
 
-    wrapped = SerialisedWSGIApp(app)
+    wrapped = moto_server_module().SerialisedWSGIApp(app)
     bodies: List[List[bytes]] = []
     barrier = threading.Barrier(8)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import warnings
+from importlib.util import find_spec
 from types import ModuleType
 
 from . import _core_py
@@ -22,8 +23,12 @@ def _select() -> ModuleType:
     try:
         from . import _core
     except ImportError as error:
+        # No module file at all is the usual case (an sdist installed without a C compiler): say that,
+        # rather than Python's "partially initialized module" wording, which suggests a circular import.
+        reason = "it was not built when fastlease was installed" if find_spec(f"{__package__}._core") is None else error
         warnings.warn(
-            f"fastlease: compiled core unavailable ({error}); using the slower pure-Python engine",
+            f"fastlease: compiled core unavailable ({reason}); using the slower pure-Python engine. "
+            "Reinstall with a C compiler and the Python headers to build it",
             RuntimeWarning,
             stacklevel=3,
         )

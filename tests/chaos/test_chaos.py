@@ -14,7 +14,13 @@ from .proxy import FaultProxy
 SECONDS = {"memory": 10.0, "sqlite": 14.0, "redis": 14.0, "dynamodb": 16.0}
 
 
-@pytest.mark.parametrize("store", list(SECONDS))
+# Workers are processes (SIGKILL, SIGSTOP) except on memory; DynamoDB and Redis run their own servers.
+@pytest.mark.parametrize("store", [
+    pytest.param("memory"),
+    pytest.param("sqlite", marks=pytest.mark.posix),
+    pytest.param("redis", marks=[pytest.mark.server, pytest.mark.posix]),
+    pytest.param("dynamodb", marks=[pytest.mark.server, pytest.mark.posix]),
+])
 def test_mutual_exclusion_holds_under_faults(store, request):
     if store == "redis":
         request.getfixturevalue("redis_url")  # skips (or fails under CI=true) without a redis-server

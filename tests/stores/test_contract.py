@@ -101,15 +101,21 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
 #: In-process moto (mock_aws) does not make a conditional write atomic against concurrent threads
 #: (moto's limitation, not the adapter's), so the race test runs where the store itself is atomic.
 ATOMIC_STORES = sorted(set(STORES) - {"dynamodb-mock"})
+#: Stores that need a server process: their cases are marked ``server`` (the wheel tests deselect them).
+SERVER_STORES = {"dynamodb-server", "dynamodb-server-boto3", "redis"}
 
 
-@pytest.fixture(params=sorted(STORES))
+def store_params(names: list[str]) -> list[Any]:
+    return [pytest.param(name, marks=pytest.mark.server) if name in SERVER_STORES else name for name in names]
+
+
+@pytest.fixture(params=store_params(sorted(STORES)))
 def store(request: pytest.FixtureRequest) -> Iterator[Any]:
     with STORES[request.param](request) as opened:
         yield opened
 
 
-@pytest.fixture(params=ATOMIC_STORES)
+@pytest.fixture(params=store_params(ATOMIC_STORES))
 def atomic_store(request: pytest.FixtureRequest) -> Iterator[Any]:
     with STORES[request.param](request) as opened:
         yield opened

@@ -373,6 +373,7 @@ def test_ci_makes_a_missing_redis_server_a_failure_not_a_skip(tmp_path):
     assert outcomes[""][0] == 0 and "skipped" in outcomes[""][1]
 
 
+@pytest.mark.server  # starts a redis-server of its own
 def test_a_server_down_while_waiting_is_retried_within_the_wait_budget(core):
     from fastlease.testing_redis import RedisServer
 
