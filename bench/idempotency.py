@@ -73,7 +73,7 @@ def print_request_costs(store: Any) -> None:
         ("GetItem", lambda key: store.read_record("orders", key, 5.0)),
         ("PutItem", lambda key: store.put_if_absent("orders_locks", key, "o", "v", 30_000, 5.0, NO_USAGE)),
         ("TransactWriteItems", lambda key: store.finish_if_owner(
-            "orders_locks", key, "orders", Record("COMPLETED", "", b"{}", 0, "o"), 5.0)),
+            "orders_locks", key, "orders", Record("COMPLETED", "", b"{}", 0, "o"), 0, 5.0)),
     ):
         costs[name] = measure(request, keys)[0]
     print("moto server, µs per request: " + ", ".join(f"{name} {cost:,.0f}" for name, cost in costs.items()))
