@@ -425,3 +425,41 @@ def test_records_expire_on_the_clients_clock_not_the_machines(kind, request, tmp
         assert charge("o-1") == 2  # expired on the client's clock, so the call runs again
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("kind", store_params(["memory", "sqlite", "redis"]))
+def test_a_completed_call_leaves_only_its_record(kind, request, tmp_path):
+    # Idempotency keys are mostly used once: a lease row or fencing counter kept per key would grow the
+    # store without bound. The completion's atomic request removes both; only the record stays (with its ttl).
+    if kind == "memory":
+        client = MemoryClient()
+    elif kind == "sqlite":
+        client = SQLiteClient(tmp_path / "records.db")
+    else:
+        from fastlease import RedisClient
+
+        request.getfixturevalue("redis_db")  # its database emptied before the test
+        client = RedisClient(request.getfixturevalue("redis_url"))
+    table = f"once_{uuid.uuid4().hex[:8]}"
+    try:
+        for order in ("o-1", "o-2", "o-3"):
+            with IdempotentCall(client, table=table, key=order) as call:
+                call.complete({"order": order})
+        if kind == "memory":
+            store = client._store
+            assert store.rows(f"{table}_locks") == {}
+            assert [slot for slot in store._fences if slot[0] == f"{table}_locks"] == []
+        elif kind == "sqlite":
+            import sqlite3
+
+            db = sqlite3.connect(tmp_path / "records.db")
+            assert db.execute(f'SELECT count(*) FROM "fastlease_lock_{table}_locks"').fetchone() == (0,)
+            assert db.execute(f'SELECT count(*) FROM "fastlease_record_{table}"').fetchone() == (3,)
+            db.close()
+        else:
+            names = sorted(name.decode() for name in request.getfixturevalue("redis_db").keys(f"fastlease:{table}*"))
+            assert names == [f"fastlease:{table}:record:o-{n}" for n in (1, 2, 3)]
+        with IdempotentCall(client, table=table, key="o-1") as again:
+            assert again.replayed and again.result == {"order": "o-1"}
+    finally:
+        client.close()

@@ -155,7 +155,8 @@ class RecordStore(Protocol):
         self, lock_table: str, key: str, table: str, record: Record, now_ms: int, timeout_s: float
     ) -> bool:
         """Only while ``record.owner`` holds the lease on ``key`` in ``lock_table``, atomically: store
-        ``record`` (replacing any) and delete the lease row (a release). False if it does not hold it.
+        ``record`` (replacing any) and delete the lease row (a release), with the fencing counter the store
+        keeps for the key, if any: an idempotency key leaves only its record. False if it does not hold it.
 
         ``now_ms`` is the caller's wall clock (Unix ms), for stores that count an expiry from now: a
         store never reads a clock of its own, so an injected clock governs records as it does leases."""

@@ -171,14 +171,15 @@ class MemoryStore:
         self, lock_table: str, key: str, table: str, record: Record, now_ms: int, timeout_s: float
     ) -> bool:
         """In one critical section, only while ``record.owner`` holds the lease on ``key`` in
-        ``lock_table``: store ``record`` in ``table`` (replacing any) and delete the lease row. False if
-        that owner does not hold it."""
+        ``lock_table``: store ``record`` in ``table`` (replacing any) and delete the lease row and its
+        fencing counter. False if that owner does not hold it."""
         with self._lock:
             row = self._rows.get((lock_table, key))
             if row is None or row.owner != record.owner:
                 return False
             self._records[(table, key)] = record
             del self._rows[(lock_table, key)]
+            self._fences.pop((lock_table, key), None)  # as on the other stores: a used key leaves no counter
             return True
 
     def rows(self, table: str) -> dict[str, LockRow]:

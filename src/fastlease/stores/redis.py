@@ -115,16 +115,18 @@ if seen[2] == '1' then return 2 end
 return 1
 """
 
-#: Finish an idempotent call. KEYS: lease, record. ARGV: owner, state, fingerprint, result,
+#: Finish an idempotent call. KEYS: lease, record, fence. ARGV: owner, state, fingerprint, result,
 #: expires_at_ms, px (0: no expiry), channel. Only while ``owner`` holds the lease: replaces the
-#: record, deletes the lease and publishes its release; returns 1, or 0.
+#: record, deletes the lease and the key's fencing counter, and publishes the release; returns 1, or 0.
+#: The counter goes too because idempotency keys are mostly used once and nothing reads an idempotent
+#: call's token: kept, every key ever used would leave a counter that never expires.
 FINISH = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], 'state', ARGV[2], 'fingerprint', ARGV[3], 'result', ARGV[4],
            'expires_at_ms', ARGV[5], 'owner', ARGV[1])
 if ARGV[6] ~= '0' then redis.call('PEXPIRE', KEYS[2], ARGV[6]) end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[3])
 redis.call('PUBLISH', ARGV[7], '1')
 return 1
 """
@@ -437,12 +439,12 @@ class RedisStore:
     ) -> bool:
         """The FINISH script: only while ``record.owner`` holds the lease on ``key`` in ``lock_table``,
         replace the record (its PX, the time left until ``expires_at_ms`` at the caller's ``now_ms``, runs
-        on the server's clock), delete the lease and publish its release. False if that owner does not
-        hold it."""
+        on the server's clock), delete the lease and its fencing counter, and publish the release. False
+        if that owner does not hold it."""
         px = 0
         if record.expires_at_ms:
             px = max(1, record.expires_at_ms - now_ms)  # native expiry: the time left, not a clock reading
-        keys = (lease_key(lock_table, key), record_key(table, key))
+        keys = (lease_key(lock_table, key), record_key(table, key), fence_key(lock_table, key))
         args = (record.owner, record.state, record.fingerprint, record.result, record.expires_at_ms, px,
                 release_channel(lock_table, key))
         return self.run_script(_FINISH, key, timeout_s, keys, args) == 1

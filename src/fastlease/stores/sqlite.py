@@ -65,6 +65,9 @@ _READ_OWNED = """SELECT owner, version, lease_ms, protocol, waiting, fence FROM 
 WHERE key = ? AND owner = ?"""
 _FENCE = """SELECT fence FROM "{name}" WHERE key = ?"""
 _FREE = """UPDATE "{name}" SET owner = NULL, version = NULL, waiting = 0 WHERE key = ? AND owner = ?"""
+#: An idempotent call's completion deletes its row, fencing counter included: idempotency keys are
+#: mostly used once and nothing reads their tokens, so a kept row per key would only grow the file.
+_DELETE_OWNED = """DELETE FROM "{name}" WHERE key = ? AND owner = ?"""
 #: check_in: a write (so the caller's transaction holds SQLite's one write lock from here to its
 #: commit) that changes nothing and matches only while we own the row.
 _CHECK_IN = """UPDATE "{name}" SET owner = owner WHERE key = ? AND owner = ?"""
@@ -305,12 +308,12 @@ class SQLiteStore:
         self, lock_table: str, key: str, table: str, record: Record, now_ms: int, timeout_s: float
     ) -> bool:
         """In one IMMEDIATE transaction, only while ``record.owner`` holds the lease on ``key`` in
-        ``lock_table``: free the lease row, store ``record`` (replacing any) and purge a few expired
-        records of ``table``. False (nothing written) if that owner does not hold it."""
+        ``lock_table``: delete the lease row (its fencing counter with it), store ``record`` (replacing
+        any) and purge a few expired records of ``table``. False (nothing written) if that owner does not hold it."""
         records = self._run(None, key, timeout_s, lambda connection, _: self._records_table(connection, table))
 
         def finish(connection: sqlite3.Connection, locks: str) -> bool:
-            if connection.execute(_FREE.format(name=locks), (key, record.owner)).rowcount != 1:
+            if connection.execute(_DELETE_OWNED.format(name=locks), (key, record.owner)).rowcount != 1:
                 return False  # nothing written: the transaction ends without a change
             connection.execute(_WRITE_RECORD.format(name=records), (key, *record))
             connection.execute(_PURGE_RECORDS.format(name=records), (now_ms,))
