@@ -161,3 +161,18 @@ class RecordStore(Protocol):
         ``now_ms`` is the caller's wall clock (Unix ms), for stores that count an expiry from now: a
         store never reads a clock of its own, so an injected clock governs records as it does leases."""
         ...
+
+
+def outcome_for_log(result: object) -> str:
+    """How a store's DEBUG line names a request's outcome: the kind of answer, never the data in it (a
+    record's result may be private, and an error's text may quote what the caller sent)."""
+    if isinstance(result, BaseException):
+        maybe_committed = getattr(result, "maybe_committed", False)
+        return type(result).__name__ + (" (may have committed)" if maybe_committed else "")
+    if result is None or isinstance(result, (bool, int)):
+        return repr(result)  # a lost race (False, 0, None), a fencing token, a confirmation
+    if isinstance(result, LockRow):
+        return "row"
+    if isinstance(result, Record):
+        return f"record {result.state}"
+    return "ok"

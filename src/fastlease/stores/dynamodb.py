@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 from ..client import Clock, LeaseClient
 from ..exceptions import MalformedLockRow, StoreError, StoreRequestRejected
-from .base import NO_USAGE, LockRow, Record, UsageMeter
+from .base import NO_USAGE, LockRow, Record, UsageMeter, outcome_for_log
 
 __all__ = ["DynamoDBClient", "DynamoDBStore", "Boto3Transport"]
 
@@ -402,6 +402,7 @@ class DynamoDBStore:
         try:
             self.transport.call("TransactWriteItems", params, timeout_s)
         except ServiceError as error:
+            _log.debug("TransactWriteItems %r -> %s", key, error.code)
             if error.code == "TransactionCanceledException" and "ConditionalCheckFailed" in error.message:
                 return False
             if error.code in ("TransactionCanceledException", "TransactionConflictException",
@@ -411,6 +412,10 @@ class DynamoDBStore:
                 raise StoreError(f"DynamoDB TransactWriteItems on {key!r} failed: {error}", key=key,
                                  maybe_committed=True) from error
             raise StoreRequestRejected(f"DynamoDB rejected the record of {key!r}: {error}", key=key) from error
+        except StoreError as error:  # from the transport: not sent, or no answer
+            _log.debug("TransactWriteItems %r -> %s", key, outcome_for_log(error))
+            raise
+        _log.debug("TransactWriteItems %r -> ok", key)
         return True
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import threading
 import time
 import weakref
@@ -37,7 +38,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from .._core_py import check_table
 from ..client import Clock, LeaseClient
 from ..exceptions import MalformedLockRow, StoreError, StoreRequestRejected
-from .base import NO_USAGE, LockRow, Record, UsageMeter
+from .base import NO_USAGE, LockRow, Record, UsageMeter, outcome_for_log
+
+_log = logging.getLogger("fastlease.stores.redis")
 
 if TYPE_CHECKING:  # redis-py is optional: imported when a client is made
     import redis
@@ -147,6 +150,8 @@ class _Script:
 
 
 _ACQUIRE, _TAKE_OVER, _RENEW, _MARK_WAITING, _RELEASE, _FINISH = (_Script(n, s) for n, s in SCRIPTS.items())
+#: How DEBUG lines name a script sent by EVALSHA.
+_SCRIPT_NAMES = {script.sha: script.name for script in (_ACQUIRE, _TAKE_OVER, _RENEW, _MARK_WAITING, _RELEASE, _FINISH)}
 
 #: Bound for socket reads and connects when the client's settings leave them unbounded; a request's
 #: own timeout (``timeout_s``) is applied to waiting for its reply.
@@ -303,7 +308,20 @@ class RedisStore:
     def call(self, key: str, timeout_s: float, *command: Any) -> Any:
         """Send one command and read its reply within ``timeout_s``. Errors become StoreError (with
         ``maybe_committed`` when the command may have run), StoreRequestRejected, or MalformedLockRow
-        (WRONGTYPE: the key holds something that is not a lease)."""
+        (WRONGTYPE: the key holds something that is not a lease). Logged at DEBUG: the command (a
+        script by its name), the key and the outcome."""
+        if not _log.isEnabledFor(logging.DEBUG):
+            return self._call(key, timeout_s, command)
+        name = _SCRIPT_NAMES.get(command[1], "EVALSHA") if command[0] == b"EVALSHA" else _text(command[0])
+        try:
+            reply = self._call(key, timeout_s, command)
+        except Exception as error:
+            _log.debug("%s %r -> %s", name, key, outcome_for_log(error))
+            raise
+        _log.debug("%s %r -> %s", name, key, outcome_for_log(reply))
+        return reply
+
+    def _call(self, key: str, timeout_s: float, command: tuple[Any, ...]) -> Any:
         redis = self._redis
         connection = self._connection()
         sent = False

@@ -20,6 +20,7 @@ of. Every value is a parameter.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -28,7 +29,9 @@ from typing import Any, Optional
 from .._core_py import check_table
 from ..client import Clock, LeaseClient
 from ..exceptions import LockLost, StoreError, StoreRequestRejected
-from .base import LockRow, Record, UsageMeter
+from .base import LockRow, Record, UsageMeter, outcome_for_log
+
+_log = logging.getLogger("fastlease.stores.sqlite")
 
 __all__ = ["SQLiteClient", "SQLiteStore"]
 
@@ -181,13 +184,18 @@ class SQLiteStore:
             self._tables.add(table)
         return connection
 
-    def _run(self, table: Optional[str], key: str, timeout_s: float, action: Any) -> Any:
+    def _run(self, operation: str, table: Optional[str], key: str, timeout_s: float, action: Any) -> Any:
         """``action(connection, lock table's SQL name)`` with this request's busy timeout; with table
-        None no lock table is touched (the name passed is None)."""
+        None no lock table is touched (the name passed is None). Logged at DEBUG as ``operation``."""
         try:
-            return action(self._prepared(table, timeout_s), None if table is None else _PREFIX + table)
+            result = action(self._prepared(table, timeout_s), None if table is None else _PREFIX + table)
         except sqlite3.DatabaseError as error:
-            raise self._classify(error, key) from error
+            classified = self._classify(error, key)
+            _log.debug("%s %r -> %s", operation, key, outcome_for_log(classified))
+            raise classified from error
+        if _log.isEnabledFor(logging.DEBUG):  # the outcome's name is not worth computing otherwise
+            _log.debug("%s %r -> %s", operation, key, outcome_for_log(result))
+        return result
 
     def _classify(self, error: sqlite3.DatabaseError, key: str) -> Exception:
         """Busy or locked: not applied (SQLite rolled the statement back), so try again later. An I/O
@@ -201,14 +209,18 @@ class SQLiteStore:
             return StoreError(text, key=key, maybe_committed=True)
         return StoreRequestRejected(f"{text} (lock file {self.path!r})", key=key)
 
-    def _applied(self, table: str, key: str, timeout_s: float, statement: str, parameters: tuple[Any, ...]) -> bool:
+    def _applied(
+        self, operation: str, table: str, key: str, timeout_s: float, statement: str, parameters: tuple[Any, ...]
+    ) -> bool:
         """Run one conditional write; True if it changed the row."""
         return bool(self._run(
-            table, key, timeout_s,
+            operation, table, key, timeout_s,
             lambda connection, name: connection.execute(statement.format(name=name), parameters).rowcount == 1,
         ))
 
-    def _acquired(self, table: str, key: str, timeout_s: float, statement: str, parameters: tuple[Any, ...]) -> int:
+    def _acquired(
+        self, operation: str, table: str, key: str, timeout_s: float, statement: str, parameters: tuple[Any, ...]
+    ) -> int:
         """Run an acquisition write and read the fencing token it set, in one IMMEDIATE transaction:
         False if not applied, else the token."""
 
@@ -218,7 +230,8 @@ class SQLiteStore:
             fence: int = connection.execute(_FENCE.format(name=name), (key,)).fetchone()[0]
             return fence
 
-        result: int = self._run(table, key, timeout_s, lambda connection, name: _immediately(connection, name, write))
+        result: int = self._run(operation, table, key, timeout_s,
+                                lambda connection, name: _immediately(connection, name, write))
         return result
 
     def put_if_absent(
@@ -226,7 +239,7 @@ class SQLiteStore:
     ) -> int:
         """Insert the row, or revive a freed one (its fence counter kept and incremented), only if nobody
         holds the key; in the same IMMEDIATE transaction read the fencing token back. The token, else False."""
-        return self._acquired(table, key, timeout_s, _PUT_IF_ABSENT, (key, owner, version, lease_ms))
+        return self._acquired("put_if_absent", table, key, timeout_s, _PUT_IF_ABSENT, (key, owner, version, lease_ms))
 
     def replace_if(
         self,
@@ -243,19 +256,20 @@ class SQLiteStore:
         """The takeover: overwrite owner, version and lease_ms and increment the fence, only if the row holds
         exactly (expected_owner, expected_version). The new fencing token, else False."""
         parameters = (owner, version, lease_ms, key, expected_owner, expected_version)
-        return self._acquired(table, key, timeout_s, _REPLACE_IF, parameters)
+        return self._acquired("replace_if", table, key, timeout_s, _REPLACE_IF, parameters)
 
     def update_version_if(
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
         """Renewal: set the version only if the row holds (owner, version); True if it did."""
-        return self._applied(table, key, timeout_s, _UPDATE_VERSION_IF, (new_version, key, owner, version))
+        parameters = (new_version, key, owner, version)
+        return self._applied("update_version_if", table, key, timeout_s, _UPDATE_VERSION_IF, parameters)
 
     def mark_waiting(
         self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
         """Set the ``waiting`` hint once per hold, only on exactly (owner, version); True if it did."""
-        return self._applied(table, key, timeout_s, _MARK_WAITING, (key, owner, version))
+        return self._applied("mark_waiting", table, key, timeout_s, _MARK_WAITING, (key, owner, version))
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
@@ -271,14 +285,14 @@ class SQLiteStore:
             return _row(found)
 
         result: Optional[LockRow] = self._run(
-            table, key, timeout_s, lambda connection, name: _immediately(connection, name, free)
+            "delete_if_owner", table, key, timeout_s, lambda connection, name: _immediately(connection, name, free)
         )
         return result
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         """The held row of ``key`` as stored (values of any type reach ``check_row`` as they are), or None."""
         found = self._run(
-            table, key, timeout_s,
+            "read", table, key, timeout_s,
             lambda connection, name: connection.execute(_READ.format(name=name), (key,)).fetchone(),
         )
         return None if found is None else _row(found)
@@ -301,7 +315,7 @@ class SQLiteStore:
             return connection.execute(_READ_RECORD.format(name=self._records_table(connection, table)),
                                       (key,)).fetchone()
 
-        found = self._run(None, key, timeout_s, read)
+        found = self._run("read_record", None, key, timeout_s, read)
         return None if found is None else Record(found[0], found[1], bytes(found[2]), found[3], found[4])
 
     def finish_if_owner(
@@ -310,7 +324,8 @@ class SQLiteStore:
         """In one IMMEDIATE transaction, only while ``record.owner`` holds the lease on ``key`` in
         ``lock_table``: delete the lease row (its fencing counter with it), store ``record`` (replacing
         any) and purge a few expired records of ``table``. False (nothing written) if that owner does not hold it."""
-        records = self._run(None, key, timeout_s, lambda connection, _: self._records_table(connection, table))
+        records = self._run("open_records", None, key, timeout_s,
+                            lambda connection, _: self._records_table(connection, table))
 
         def finish(connection: sqlite3.Connection, locks: str) -> bool:
             if connection.execute(_DELETE_OWNED.format(name=locks), (key, record.owner)).rowcount != 1:
@@ -319,7 +334,7 @@ class SQLiteStore:
             connection.execute(_PURGE_RECORDS.format(name=records), (now_ms,))
             return True
 
-        result: bool = self._run(lock_table, key, timeout_s,
+        result: bool = self._run("finish_if_owner", lock_table, key, timeout_s,
                                  lambda connection, locks: _immediately(connection, locks, finish))
         return result
 
