@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,8 @@ import fastlease._core as compiled  # built by make test; missing, the module fa
 import fastlease._core_py as twin
 from fastlease import MemoryClient, SyncDistributedLock
 from fastlease.idempotency import IdempotentCall
+
+pytestmark = pytest.mark.slow  # about 40 s of generated cases
 
 CASES = settings(max_examples=10_000, deadline=None, derandomize=True, database=None,
                  suppress_health_check=list(HealthCheck))

@@ -141,6 +141,7 @@ def test_a_small_forward_wall_jump_keeps_validity_until_the_earlier_clock(make_c
         assert not lease.is_valid()
 
 
+@pytest.mark.slow  # a 30 s hold
 def test_one_client_renews_a_thousand_leases_without_losing_any(core, make_client, capsys):
     client = make_client()
     before = set(threading.enumerate())

@@ -15,6 +15,7 @@ SECONDS = {"memory": 10.0, "sqlite": 14.0, "redis": 14.0, "dynamodb": 16.0}
 
 
 # Workers are processes (SIGKILL, SIGSTOP) except on memory; DynamoDB and Redis run their own servers.
+@pytest.mark.slow
 @pytest.mark.parametrize("store", [
     pytest.param("memory"),
     pytest.param("sqlite", marks=pytest.mark.posix),
