@@ -388,6 +388,19 @@ def test_a_completion_whose_answer_is_lost_is_recognised_as_ours(core, monkeypat
 
 
 
+def client_in_this_process(kind: str, request: pytest.FixtureRequest, tmp_path: Any, clock: Any = None) -> Any:
+    """A client of this process on ``kind`` (memory, SQLite in ``tmp_path``, or the session's Redis, its
+    database emptied), on ``clock`` if given."""
+    if kind == "memory":
+        return MemoryClient(clock=clock)
+    if kind == "sqlite":
+        return SQLiteClient(tmp_path / "records.db", clock=clock)
+    from fastlease import RedisClient
+
+    request.getfixturevalue("redis_db")
+    return RedisClient(request.getfixturevalue("redis_url"), clock=clock)
+
+
 @pytest.mark.parametrize("kind", store_params(["memory", "sqlite", "redis"]))
 def test_records_expire_on_the_clients_clock_not_the_machines(kind, request, tmp_path):
     # A FakeClock starts on 2026-01-01, months behind the machine's clock. A store that counted a record's
@@ -396,14 +409,7 @@ def test_records_expire_on_the_clients_clock_not_the_machines(kind, request, tmp
     from fastlease.testing import FakeClock
 
     clock = FakeClock()
-    if kind == "memory":
-        client = MemoryClient(clock=clock)
-    elif kind == "sqlite":
-        client = SQLiteClient(tmp_path / "records.db", clock=clock)
-    else:
-        from fastlease import RedisClient
-
-        client = RedisClient(request.getfixturevalue("redis_url"), clock=clock)
+    client = client_in_this_process(kind, request, tmp_path, clock=clock)
     runs: list[str] = []
     table = f"expiry_{uuid.uuid4().hex[:8]}"
 
@@ -415,11 +421,7 @@ def test_records_expire_on_the_clients_clock_not_the_machines(kind, request, tmp
     try:
         assert charge("o-1") == 1
         if kind == "redis":  # the native expiry is the whole ttl (a replay could beat a 1 ms PX, so read it)
-            import redis
-
-            server = redis.Redis.from_url(request.getfixturevalue("redis_url"))
-            assert server.pttl(f"fastlease:{table}:record:o-1") > 3_590_000
-            server.close()
+            assert request.getfixturevalue("redis_db").pttl(f"fastlease:{table}:record:o-1") > 3_590_000
         assert charge("o-1") == 1 and runs == ["o-1"]  # replayed: the record lives for its ttl
         clock.advance(3601)
         assert charge("o-1") == 2  # expired on the client's clock, so the call runs again
@@ -431,15 +433,7 @@ def test_records_expire_on_the_clients_clock_not_the_machines(kind, request, tmp
 def test_a_completed_call_leaves_only_its_record(kind, request, tmp_path):
     # Idempotency keys are mostly used once: a lease row or fencing counter kept per key would grow the
     # store without bound. The completion's atomic request removes both; only the record stays (with its ttl).
-    if kind == "memory":
-        client = MemoryClient()
-    elif kind == "sqlite":
-        client = SQLiteClient(tmp_path / "records.db")
-    else:
-        from fastlease import RedisClient
-
-        request.getfixturevalue("redis_db")  # its database emptied before the test
-        client = RedisClient(request.getfixturevalue("redis_url"))
+    client = client_in_this_process(kind, request, tmp_path)
     table = f"once_{uuid.uuid4().hex[:8]}"
     try:
         for order in ("o-1", "o-2", "o-3"):

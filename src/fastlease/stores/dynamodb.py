@@ -365,7 +365,6 @@ class DynamoDBStore:
         item = response.get("Item")
         return None if item is None else parse_row(item, key)
 
-
     # ---- idempotency records ------------------------------------------------------------------
     #: DynamoDB items are at most 400 KB, attribute names and the key included. The result is kept as
     #: base64 text (an S attribute reads the same through boto3 and the fast path), 4/3 of its size.

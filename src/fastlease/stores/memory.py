@@ -158,7 +158,6 @@ class MemoryStore:
             return self._rows.get((table, key))
         return self.faults.run("read", self._rows.get, ((table, key),), timeout_s)
 
-    # ---- direct access for tests and tools ------------------------------------------------------
     # ---- idempotency records (no fault hook: the engine's reconciliation is what faults test) ----
     max_result_bytes = None
 
@@ -182,6 +181,7 @@ class MemoryStore:
             self._fences.pop((lock_table, key), None)  # as on the other stores: a used key leaves no counter
             return True
 
+    # ---- direct access for tests and tools ------------------------------------------------------
     def rows(self, table: str) -> dict[str, LockRow]:
         """A snapshot of the table's rows by key."""
         with self._lock:

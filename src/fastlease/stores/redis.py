@@ -149,9 +149,10 @@ class _Script:
         self.sha = hashlib.sha1(self.source).hexdigest().encode()
 
 
-_ACQUIRE, _TAKE_OVER, _RENEW, _MARK_WAITING, _RELEASE, _FINISH = (_Script(n, s) for n, s in SCRIPTS.items())
+_ALL_SCRIPTS = tuple(_Script(name, source) for name, source in SCRIPTS.items())
+_ACQUIRE, _TAKE_OVER, _RENEW, _MARK_WAITING, _RELEASE, _FINISH = _ALL_SCRIPTS
 #: How DEBUG lines name a script sent by EVALSHA.
-_SCRIPT_NAMES = {script.sha: script.name for script in (_ACQUIRE, _TAKE_OVER, _RENEW, _MARK_WAITING, _RELEASE, _FINISH)}
+_SCRIPT_NAMES = {script.sha: script.name for script in _ALL_SCRIPTS}
 
 #: Bound for socket reads and connects when the client's settings leave them unbounded; a request's
 #: own timeout (``timeout_s``) is applied to waiting for its reply.
@@ -168,7 +169,8 @@ def lease_key(table: str, key: str) -> bytes:
 
 
 def fence_key(table: str, key: str) -> bytes:
-    """The Redis key of the fencing counter of ``key`` in lock table ``table`` (it never expires)."""
+    """The Redis key of the fencing counter of ``key`` in lock table ``table`` (it never expires; an
+    idempotent call's completion deletes it)."""
     return f"{PREFIX}:{table}:fence:".encode() + key.encode("utf-8")
 
 

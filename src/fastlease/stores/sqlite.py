@@ -92,6 +92,7 @@ VALUES (?, ?, ?, ?, ?, ?)"""
 _PURGE_RECORDS = """DELETE FROM "{name}" WHERE key IN (SELECT key FROM "{name}"
 WHERE expires_at_ms > 0 AND expires_at_ms < ? LIMIT 16)"""
 
+
 def sql_table_name(table: str) -> str:
     """The SQL table behind lock table ``table``; rejects names outside the library's alphabet (the
     engine's own rule, so a name is valid on every store or on none)."""
@@ -302,7 +303,7 @@ class SQLiteStore:
 
     def _records_table(self, connection: sqlite3.Connection, table: str) -> str:
         """The SQL table of record table ``table``, created on first use."""
-        name = _RECORD_PREFIX + sql_table_name(table)[len(_PREFIX):]
+        name = _RECORD_PREFIX + check_table(table)
         if table not in self._record_tables:
             connection.execute(_CREATE_RECORDS.format(name=name))
             self._record_tables.add(table)
