@@ -1,8 +1,11 @@
-"""Builds the one compiled extension, fastlease._core: none when FASTLEASE_NO_EXTENSIONS=1 or off CPython.
+"""Builds the compiled modules: the native core (``_core.pyx``) and the engine, compiled from the same
+``_engine.py`` that runs interpreted (with ``_engine.pxd`` beside it). None when
+FASTLEASE_NO_EXTENSIONS=1 or off CPython.
 
-Where it cannot be compiled (no C compiler, no Python headers, no Cython), the package installs with its
-pure-Python twin and the build says so; fastlease also warns at import. FASTLEASE_REQUIRE_EXTENSIONS=1
-makes that a build error instead: release builds set it, so no wheel ships without its core.
+Where they cannot be compiled (no C compiler, no Python headers, no Cython), the package installs with
+the interpreted engine and the build says so; fastlease also warns at import.
+FASTLEASE_REQUIRE_EXTENSIONS=1 makes that a build error instead: release builds set it, so no wheel
+ships without its compiled modules.
 """
 
 import os
@@ -13,9 +16,9 @@ from setuptools.command.build_ext import build_ext
 
 FALLBACK_WARNING = """
 ********************************************************************************
-WARNING: fastlease's compiled core could not be built ({reason}).
+WARNING: fastlease's compiled engine could not be built ({reason}).
 fastlease will use its pure-Python engine: the same protocol, with more client CPU per lock operation.
-Install a C compiler and the Python headers, then reinstall, to get the compiled core.
+Install a C compiler and the Python headers, then reinstall, to get the compiled engine.
 ********************************************************************************
 """
 
@@ -25,7 +28,7 @@ def flag(name):
 
 
 class OptionalBuildExt(build_ext):
-    """build_ext that falls back to the pure-Python twin instead of failing the install."""
+    """build_ext that falls back to the interpreted engine instead of failing the install."""
 
     def run(self):
         try:
@@ -56,7 +59,10 @@ def extensions():
         print(FALLBACK_WARNING.format(reason=f"Cython is not installed: {error}"), flush=True)
         return []
     return cythonize(
-        [Extension("fastlease._core", ["src/fastlease/_core.pyx"])],
+        [
+            Extension("fastlease._core", ["src/fastlease/_core.pyx"]),
+            Extension("fastlease._engine", ["src/fastlease/_engine.py"]),
+        ],
         compiler_directives={"language_level": "3"},
     )
 

@@ -82,7 +82,7 @@ def process_worker(library: str, endpoint: str, seconds: float, start_at: float,
 
         client: Any = SQLiteClient(endpoint[len("sqlite:"):])
     elif endpoint.startswith("redis://"):
-        from fastlease.stores.redis import RedisClient
+        from fastlease.redis import RedisClient
 
         if library in REDIS_PEERS:
             import redis

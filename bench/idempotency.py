@@ -90,7 +90,7 @@ def main() -> int:
 
     from fastlease import MemoryClient, SQLiteClient
     from fastlease.dynamodb import DynamoDBClient
-    from fastlease.stores.redis import RedisClient
+    from fastlease.redis import RedisClient
     from fastlease.testing_moto import MotoServer
     from fastlease.testing_redis import RedisServer
 
@@ -133,7 +133,7 @@ def main() -> int:
                 client.close()
         print("requests per call (fastlease): first execution = read record + acquire lease + read record + "
               "finish (record and release in one atomic request); replay = read record")
-        print_request_costs(dynamodb._store)
+        print_request_costs(dynamodb.store)
         ours, theirs = rows["fastlease, DynamoDB"], rows["powertools, DynamoDB"]
         print(f"fastlease / powertools on DynamoDB: first execution {ours[0][0] / theirs[0][0]:.2f}x wall, "
               f"{ours[0][1] / theirs[0][1]:.2f}x CPU; replay {ours[1][0] / theirs[1][0]:.2f}x wall, "

@@ -17,9 +17,10 @@ import sys
 import time
 from typing import Any, Callable
 
-import fastlease._core as compiled
-import fastlease._core_py as twin
-from fastlease import DistributedLock, MemoryClient, SyncDistributedLock, distributed_lock
+from fastlease import DistributedLock, MemoryClient, SyncDistributedLock, _impl, distributed_lock
+
+compiled = _impl.load("c")  # built by make test; missing, the module fails to collect (never skips)
+twin = _impl.load("py")
 
 Runner = Callable[[int], None]
 
@@ -53,7 +54,7 @@ def context_and_decorator(lock_class: Any, decorator: Any, client: Any, async_cl
 
 
 def fastlease_runners(core: Any) -> tuple[dict[str, Runner], Callable[[], None]]:
-    client = MemoryClient(_core=core)
+    client = MemoryClient(_engine_module=core)
     return context_and_decorator(SyncDistributedLock, distributed_lock, client, DistributedLock), client.close
 
 

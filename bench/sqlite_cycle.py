@@ -22,10 +22,10 @@ import tempfile
 import time
 from typing import Any
 
+import fastlease._core_py as twin
 import handoff
 
 import fastlease._core as compiled
-import fastlease._core_py as twin
 from fastlease import MemoryClient, SQLiteClient, SyncDistributedLock
 
 
@@ -45,10 +45,10 @@ def main() -> int:
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="fastlease-bench-")
     clients = {
-        "sqlite, c": SQLiteClient(os.path.join(directory, "c.db"), _core=compiled),
-        "sqlite, py": SQLiteClient(os.path.join(directory, "py.db"), _core=twin),
-        "memory, c": MemoryClient(_core=compiled),
-        "memory, py": MemoryClient(_core=twin),
+        "sqlite, c": SQLiteClient(os.path.join(directory, "c.db"), _engine_module=compiled),
+        "sqlite, py": SQLiteClient(os.path.join(directory, "py.db"), _engine_module=twin),
+        "memory, c": MemoryClient(_engine_module=compiled),
+        "memory, py": MemoryClient(_engine_module=twin),
     }
     print(f"# sqlite_cycle: {args.rounds} interleaved rounds x {args.cycles} cycles, Python "
           f"{platform.python_version()}, {platform.machine()}, {time.strftime('%Y-%m-%d')}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import select
 import signal
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from fastlease import MemoryClient
+from fastlease import MemoryClient, _impl
 from fastlease.stores.memory import MemoryStore
 from fastlease.testing import FakeClock, FaultInjector
 from proc_helpers import Children
@@ -38,9 +37,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", params=["c", "py"])
 def core(request: pytest.FixtureRequest) -> ModuleType:
     """The engine module under test. A missing compiled core fails the ``c`` run; it never skips."""
-    name = "fastlease._core" if request.param == "c" else "fastlease._core_py"
     try:
-        return importlib.import_module(name)
+        return _impl.load(request.param)
     except ImportError as error:  # pragma: no cover - the point is to fail loudly
         pytest.fail(f"compiled core not importable ({error}); run `make test` to build it")
 
@@ -62,7 +60,7 @@ def make_client(core: ModuleType, store: MemoryStore) -> Iterator[Callable[..., 
 
     def build(**kwargs: object) -> MemoryClient:
         kwargs.setdefault("store", store)
-        client = MemoryClient(_core=core, **kwargs)  # type: ignore[arg-type]
+        client = MemoryClient(_engine_module=core, **kwargs)  # type: ignore[arg-type]
         clients.append(client)
         return client
 

@@ -40,7 +40,7 @@ def fastlease_client(endpoint: str, fast_path: bool = True) -> Any:
 
         return SQLiteClient(endpoint[len("sqlite:"):])
     if endpoint.startswith("redis://"):
-        from fastlease.stores.redis import RedisClient
+        from fastlease.redis import RedisClient
 
         return RedisClient(endpoint)
     from fastlease.dynamodb import DynamoDBClient

@@ -127,7 +127,7 @@ def test_a_write_confirmed_after_cancellation_is_deleted(make_client, store, rea
 
     lock = run(main())
     assert store.rows("locks") == {}
-    assert len(client._scheduler) == 0
+    assert len(client.engine.scheduler) == 0
     assert lock._guard.owner is None  # never held
 
 
@@ -257,7 +257,7 @@ def test_random_cancellations_against_the_dynamodb_server(moto_endpoint, moto_se
     clients = []
 
     def factory():
-        client = DynamoDBClient(session=moto_session, endpoint_url=moto_endpoint, _core=core)
+        client = DynamoDBClient(session=moto_session, endpoint_url=moto_endpoint, _engine_module=core)
         clients.append(client)
         return client
 
@@ -285,7 +285,7 @@ def test_more_waiters_than_worker_threads_never_block_the_release_they_wait_for(
     from fastlease import SQLiteClient
     from fastlease.client import ASYNC_WORKERS
 
-    client = SQLiteClient(tmp_path / "crowd.db", _core=core)
+    client = SQLiteClient(tmp_path / "crowd.db", _engine_module=core)
     count = ASYNC_WORKERS + 16
 
     async def one() -> None:

@@ -128,7 +128,7 @@ def test_demo_on_redis_shows_the_killed_holders_key_recovered(tmp_path, redis_ur
 
 
 def test_status_list_and_release_on_redis(tmp_path, redis_url, redis_db):
-    from fastlease.stores.redis import RedisClient
+    from fastlease.redis import RedisClient
 
     client = RedisClient(redis_url)
     guard = SyncDistributedLock(client, table="locks", key="import:daily")

@@ -13,7 +13,7 @@ ROUNDS = 150
 
 def test_threads_on_shared_and_separate_clients_never_overlap(core):
     store = MemoryStore()
-    clients = [MemoryClient(store=store, _core=core) for _ in range(4)]  # 4 "processes", 2 threads each
+    clients = [MemoryClient(store=store, _engine_module=core) for _ in range(4)]  # 4 "processes", 2 threads each
     guard_lock = threading.Lock()
     inside = [0]
     overlaps = []
@@ -50,14 +50,14 @@ def test_threads_on_shared_and_separate_clients_never_overlap(core):
         assert overlaps == []
         assert held_counts == [ROUNDS] * THREADS
         assert store.rows("locks") == {}
-        assert [len(client._release_signals) for client in clients] == [0] * len(clients)
+        assert [len(client.engine.signals) for client in clients] == [0] * len(clients)
     finally:
         for client in clients:
             client.close()
 
 
 def test_different_keys_do_not_contend(core):
-    client = MemoryClient(_core=core)
+    client = MemoryClient(_engine_module=core)
     try:
         with SyncDistributedLock(client, table="locks", key="a", wait_timeout=0):
             with SyncDistributedLock(client, table="locks", key="b", wait_timeout=0):

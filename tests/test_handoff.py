@@ -49,7 +49,7 @@ def run_fairness(clients: list, seconds: float) -> tuple:
 
 
 def test_threads_sharing_a_client_take_fair_turns(core):
-    client = MemoryClient(_core=core)
+    client = MemoryClient(_engine_module=core)
     try:
         counts, reads = run_fairness([client] * 4, 3.0)
     finally:
@@ -65,7 +65,7 @@ def test_separate_clients_take_fair_turns_through_waiting_marks(core):
     # Four clients on one store behave like four processes: no wake-ups between them, only polls. The
     # first winner never waits, so only the waiting marks of the others make it yield.
     store = MemoryStore()
-    clients = [MemoryClient(store=store, _core=core) for _ in range(4)]
+    clients = [MemoryClient(store=store, _engine_module=core) for _ in range(4)]
     try:
         counts, _ = run_fairness(clients, 4.0)
     finally:
@@ -104,11 +104,11 @@ def test_turn_taking_needs_present_evidence_that_others_wait(core):
 
 def test_an_acquisition_that_should_yield_waits_a_poll_first(make_client, clock):
     client = make_client(clock=clock)
-    client._release_signals.released(("locks", "k"), True, clock.monotonic_ns())
+    client.engine.signals.released(("locks", "k"), True, clock.monotonic_ns())
     before = clock.monotonic_ns()
     with SyncDistributedLock(client, table="locks", key="k", wait_timeout=5) as lease:
         waited_ns = clock.monotonic_ns() - before
-    poll_ns = client._core.POLL_INTERVAL_MS * 1_000_000
+    poll_ns = client.engine_module.POLL_INTERVAL_MS * 1_000_000
     assert 1.5 * poll_ns <= waited_ns <= 1.75 * poll_ns  # longer than any waiter's poll interval
     assert lease.metrics.read_requests == 0  # then the key was free at once
     before = clock.monotonic_ns()
@@ -118,7 +118,7 @@ def test_an_acquisition_that_should_yield_waits_a_poll_first(make_client, clock)
 
 def test_a_contender_marks_the_row_after_waiting_and_the_holder_then_yields(make_client, clock, store):
     holder, contender = make_client(clock=clock), make_client(clock=clock)  # as if in two processes
-    mark_after_s = holder._core.WAITING_MARK_AFTER_MS / 1000
+    mark_after_s = holder.engine_module.WAITING_MARK_AFTER_MS / 1000
     with SyncDistributedLock(holder, table="locks", key="k") as lease:
         # A short wait leaves no mark: a brief contention costs nothing extra.
         with pytest.raises(LockNotAcquired):
@@ -131,8 +131,8 @@ def test_a_contender_marks_the_row_after_waiting_and_the_holder_then_yields(make
         assert (row.owner, row.waiting) == (lease.owner, True)
         assert waiter.metrics.write_requests == 2  # the failed put, then one mark for this hold
         # The holder never waited for the key, yet it yields the next turn.
-        assert not holder._release_signals.should_yield(("locks", "k"), clock.monotonic_ns())
-    assert holder._release_signals.should_yield(("locks", "k"), clock.monotonic_ns())
+        assert not holder.engine.signals.should_yield(("locks", "k"), clock.monotonic_ns())
+    assert holder.engine.signals.should_yield(("locks", "k"), clock.monotonic_ns())
     assert lease.metrics.write_requests == 2  # the mark came back with the delete: no extra request
 
 

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import fastlease._core as compiled  # built by make test; missing, the module fails to collect (never skips)
-import fastlease._core_py as twin
-from fastlease import MemoryClient, SyncDistributedLock
+from fastlease import MemoryClient, SyncDistributedLock, _impl
 from fastlease.idempotency import IdempotentCall
+
+compiled = _impl.load("c")  # built by make test; missing, the module fails to collect (never skips)
+twin = _impl.load("py")
 
 pytestmark = pytest.mark.slow  # about 40 s of generated cases
 
@@ -44,7 +45,7 @@ durations = st.one_of(
 
 
 #: Guards are only built here, never entered: one client per implementation serves every case.
-CLIENTS = {compiled: MemoryClient(_core=compiled), twin: MemoryClient(_core=twin)}
+CLIENTS = {compiled: MemoryClient(_engine_module=compiled), twin: MemoryClient(_engine_module=twin)}
 
 
 def outcome(action: Callable[[], Any]) -> tuple:

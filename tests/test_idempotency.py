@@ -321,13 +321,13 @@ def test_a_lease_lost_before_completion_stores_nothing(core):
     from fastlease.testing import FakeClock
 
     clock = FakeClock()
-    client = MemoryClient(clock=clock, _core=core)
+    client = MemoryClient(clock=clock, _engine_module=core)
     call = IdempotentCall(client, table="payments", key="p", lease_duration=1.0)
     with pytest.raises(LockLost):
         with call:
-            client._store.remove("payments_locks", "p")  # taken over: the row is no longer ours
+            client.store.remove("payments_locks", "p")  # taken over: the row is no longer ours
             call.complete("late")
-    assert client._store.read_record("payments", "p", 1.0) is None
+    assert client.store.read_record("payments", "p", 1.0) is None
 
 
 def test_bad_arguments_are_clear(tmp_path):
@@ -356,8 +356,8 @@ def test_bad_arguments_are_clear(tmp_path):
 
 
 def test_the_completion_releases_the_lease_in_the_same_request(core):
-    client = MemoryClient(_core=core)
-    store = client._store
+    client = MemoryClient(_engine_module=core)
+    store = client.store
     with IdempotentCall(client, table="payments", key="p") as call:
         assert set(store.rows("payments_locks")) == {"p"}
         call.complete("ok")
@@ -370,8 +370,8 @@ def test_the_completion_releases_the_lease_in_the_same_request(core):
 def test_a_completion_whose_answer_is_lost_is_recognised_as_ours(core, monkeypatch):
     from fastlease.exceptions import StoreError
 
-    client = MemoryClient(_core=core)
-    store = client._store
+    client = MemoryClient(_engine_module=core)
+    store = client.store
     finish = store.finish_if_owner
 
     def lost_answer(*args: Any) -> bool:
@@ -440,7 +440,7 @@ def test_a_completed_call_leaves_only_its_record(kind, request, tmp_path):
             with IdempotentCall(client, table=table, key=order) as call:
                 call.complete({"order": order})
         if kind == "memory":
-            store = client._store
+            store = client.store
             assert store.rows(f"{table}_locks") == {}
             assert [slot for slot in store._fences if slot[0] == f"{table}_locks"] == []
         elif kind == "sqlite":

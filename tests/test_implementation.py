@@ -1,47 +1,58 @@
-"""The compiled core is built and in use, and the twin matches it name for name."""
+"""The compiled engine is built and in use; the interpreted one is the same source; the native core and
+its fallback match."""
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import os
+from pathlib import Path
 
 import pytest
 
 import fastlease
-import fastlease._core_py as twin
+from fastlease import _core_fallback, _impl
+
+PACKAGE = Path(fastlease.__file__).parent
 
 
 @pytest.mark.c_extension
-def test_compiled_core_is_the_one_in_use():
+def test_compiled_engine_is_the_one_in_use():
     if os.environ.get("FASTLEASE_NO_EXTENSIONS", "") not in ("", "0"):
-        pytest.fail("FASTLEASE_NO_EXTENSIONS is set: this run would not exercise the compiled core")
-    import fastlease._core as compiled
+        pytest.fail("FASTLEASE_NO_EXTENSIONS is set: this run would not exercise the compiled engine")
+    import fastlease._core as native
 
-    assert compiled.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
-    assert fastlease.IMPLEMENTATION == "c"
+    compiled = _impl.load("c")
+    for module in (native, compiled):
+        assert module.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), module
+    assert compiled.IMPLEMENTATION == fastlease.IMPLEMENTATION == "c"
     assert fastlease.MemoryClient().implementation == "c"
 
 
-def test_twin_and_core_export_the_same_public_names(core):
-    def public(module):
-        return {name for name in vars(module) if not name.startswith("_")} - {
-            "annotations", "Any", "Optional", "TYPE_CHECKING", "cast",
-            "heapq", "logging", "os", "random", "threading", "time", "uuid",
-            "LockLost", "LockNotAcquired", "LockReleaseError", "MalformedLockRow", "StoreError", "cython",
-        }
+def test_both_engines_are_built_from_the_one_source(core):
+    # The interpreted engine is _engine.py itself; the compiled one was cythonized from that file.
+    source = PACKAGE / "_engine.py"
+    if core.IMPLEMENTATION == "py":
+        assert Path(core.__file__) == source
+    else:
+        generated = PACKAGE / "_engine.c"  # left beside the source by the in-place build of make test
+        if generated.exists():
+            assert "_engine.py" in generated.read_text(errors="replace")[:2000]
+    assert not (PACKAGE / "_core_py.py").exists() and not (PACKAGE / "_engine.pyx").exists()
 
-    assert public(core) == public(twin)
 
+def test_native_core_its_fallback_and_its_stub_declare_the_same_names():
+    import fastlease._core as native
 
-def test_twin_and_core_agree_on_constants(core):
-    for name in ("PROTOCOL_V1", "MIN_LEASE_MS", "MAX_DURATION_MS", "MAX_KEY_BYTES", "OBSERVATION_CACHE_SIZE",
-                 "POLL_INTERVAL_MS", "ERROR_BACKOFF_MS", "SCHEDULER_IDLE_EXIT_MS", "RENEWAL_WORKERS",
-                 "YIELD_WINDOW_MS", "WAITING_MARK_AFTER_MS", "STATE_NAMES",
-                 "NEW", "ACQUIRING", "HELD", "RELEASING", "RELEASED", "LOST", "FAILED"):
-        assert getattr(core, name) == getattr(twin, name), name
-    for lease_ms in (100, 999, 30_000, 86_400_000):
-        for fn in ("validity_ns", "renew_interval_ns", "renew_retry_ns", "request_timeout_ns", "cleanup_budget_ns"):
-            assert getattr(core, fn)(lease_ms) == getattr(twin, fn)(lease_ms), (fn, lease_ms)
+    def public(names):
+        return {name for name in names if not name.startswith("_")}
+
+    stub = ast.parse((PACKAGE / "_core.pyi").read_text())
+    stubbed = public(node.name for node in stub.body if isinstance(node, ast.FunctionDef))
+    fallback = public(name for name, value in vars(_core_fallback).items()
+                      if callable(value) and getattr(value, "__module__", "") == _core_fallback.__name__)
+    compiled = public(name for name, value in vars(native).items() if callable(value))
+    assert stubbed == fallback == compiled == {"new_token"}
 
 
 def test_tokens_are_uuid4_strings(core):
@@ -61,25 +72,25 @@ def test_forked_child_draws_different_tokens(core, in_forked_child):
     assert len(child_token) == 36 and child_token != parent_next
 
 
-def test_an_install_without_the_compiled_core_warns_clearly_and_runs_the_twin(tmp_path):
-    # The package as an sdist installs it where no compiler was found: every file but the compiled core.
+def test_an_install_without_the_compiled_engine_warns_clearly_and_runs_the_source(tmp_path):
+    # The package as an sdist installs it where no compiler was found: every file but the compiled ones.
     import shutil
     import subprocess
     import sys
 
     package = os.path.dirname(fastlease.__file__)
-    shutil.copytree(package, tmp_path / "fastlease", ignore=shutil.ignore_patterns("_core.*.so", "_core.*.pyd",
-                                                                                   "_core.c", "__pycache__"))
+    shutil.copytree(package, tmp_path / "fastlease", ignore=shutil.ignore_patterns(
+        "_core.*.so", "_core.*.pyd", "_engine.*.so", "_engine.*.pyd", "*.c", "__pycache__"))
     probe = "import fastlease; print(fastlease.IMPLEMENTATION)"
     result = subprocess.run([sys.executable, "-W", "always", "-c", probe], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(tmp_path)), check=True)
     assert result.stdout.split() == ["py"]
-    assert "compiled core unavailable (it was not built when fastlease was installed)" in result.stderr
+    assert "compiled engine unavailable (it was not built when fastlease was installed)" in result.stderr
     assert "circular import" not in result.stderr
 
 
 @pytest.mark.parametrize(("value", "expected"), [("1", "py"), ("0", "c"), ("", "c")])
-def test_environment_variable_selects_the_twin_in_one_place(value, expected):
+def test_environment_variable_selects_the_interpreted_engine_in_one_place(value, expected):
     import subprocess
     import sys
 
@@ -87,7 +98,7 @@ def test_environment_variable_selects_the_twin_in_one_place(value, expected):
     probe = "import fastlease, fastlease._impl as i; print(fastlease.IMPLEMENTATION, i.core.__name__)"
     result = subprocess.run([sys.executable, "-W", "error", "-c", probe], env=env, capture_output=True,
                             text=True, timeout=60, check=True)
-    module = "fastlease._core_py" if expected == "py" else "fastlease._core"
+    module = "fastlease._engine_py" if expected == "py" else "fastlease._engine"
     assert result.stdout.split() == [expected, module]
 
 
@@ -97,7 +108,7 @@ def test_fork_start_method_child_gets_a_clear_error_and_a_fresh_client_works(cor
 
     from fastlease import MemoryClient, SyncDistributedLock
 
-    inherited = MemoryClient(_core=core)
+    inherited = MemoryClient(_engine_module=core)
     with SyncDistributedLock(inherited, table="locks", key="warm"):  # the renewal thread is running
         pass
     receiver, sender = multiprocessing.Pipe(duplex=False)
@@ -109,7 +120,7 @@ def test_fork_start_method_child_gets_a_clear_error_and_a_fresh_client_works(cor
             report.append("inherited client accepted")
         except RuntimeError as error:
             report.append("inherited: " + ("clear" if "Create the client in the worker" in str(error) else str(error)))
-        fresh = MemoryClient(_core=core)
+        fresh = MemoryClient(_engine_module=core)
         with SyncDistributedLock(fresh, table="locks", key="k", lease_duration=0.3) as lease:
             lease.raise_if_lost()
             report.append(f"fresh: {lease.state}")

@@ -275,4 +275,4 @@ def test_an_acquisition_interrupted_after_its_write_leaves_no_row_and_no_renewal
     assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError)
     assert guard.state == "failed"
     assert store.rows("locks") == {}
-    assert len(client._scheduler) == 0
+    assert len(client.engine.scheduler) == 0

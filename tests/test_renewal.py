@@ -53,12 +53,12 @@ def test_one_renewal_thread_per_client_whatever_the_lease_count(make_client):
             guard.__enter__()
         after = {t for t in threading.enumerate() if t.name == "fastlease-renewal"}
         assert len(after - before) == 1
-        assert len(client._scheduler) == 50
+        assert len(client.engine.scheduler) == 50
     finally:
         for guard in guards:
             guard.__exit__(None, None, None)
         client.close()
-    assert len(client._scheduler) == 0
+    assert len(client.engine.scheduler) == 0
 
 
 def test_short_holds_do_not_grow_the_renewal_heap(make_client):
@@ -66,7 +66,7 @@ def test_short_holds_do_not_grow_the_renewal_heap(make_client):
     for _ in range(5000):
         with SyncDistributedLock(client, table="locks", key="k"):
             pass
-    assert client._scheduler.heap_size() <= 130  # compacted whenever stale entries pass 64 and half
+    assert client.engine.scheduler.heap_size() <= 130  # compacted whenever stale entries pass 64 and half
 
 
 def test_unreachable_store_loses_the_lease_at_90_percent(make_client, clock, faults):
@@ -152,7 +152,7 @@ def test_one_client_renews_a_thousand_leases_without_losing_any(core, make_clien
         done = threading.Event()
         done.wait(30)  # the hold itself: ten leases long
         lost = [guard.key for guard in guards if not guard.is_valid()]
-        started, max_late_ns, total_late_ns = client._scheduler.lateness()
+        started, max_late_ns, total_late_ns = client.engine.scheduler.lateness()
         new_threads = set(threading.enumerate()) - before
     finally:
         for guard in guards:

@@ -69,7 +69,7 @@ def test_aws_secret_key_never_appears_in_reprs_logs_or_errors(moto_endpoint, deb
 
 
 def test_redis_password_never_appears_in_reprs_logs_or_errors(redis_url, redis_db, debug_logs):
-    from fastlease.stores.redis import RedisClient
+    from fastlease.redis import RedisClient
 
     password = "pw-" + SECRET
     redis_db.execute_command("ACL", "SETUSER", "locker", "on", f">{password}", "~*", "&*", "+@all")

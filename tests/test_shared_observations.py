@@ -81,7 +81,7 @@ def test_a_file_owned_by_someone_else_falls_back_with_a_warning(
     with caplog.at_level(logging.WARNING, logger="fastlease.observations"):
         client = make_client(clock=clock, shared_observations=str(path))
         assert try_once(client) is False
-    assert client._observations.shared is False
+    assert client.engine.observations.shared is False
     assert any("not owned by this user" in record.getMessage() for record in caplog.records)
     clock.advance(10)
     assert try_once(client) is True  # its own observations still work
@@ -91,7 +91,7 @@ def test_an_unusable_path_falls_back(make_client, clock, store, tmp_path):
     store.plant("locks", "k", ABANDONED)
     client = make_client(clock=clock, shared_observations=str(tmp_path))  # a directory, not a file
     assert try_once(client) is False
-    assert client._observations.shared is False
+    assert client.engine.observations.shared is False
     clock.advance(10)
     assert try_once(client) is True
 

@@ -135,7 +135,7 @@ def test_observation_cache_is_bounded_lru(core):
 
 
 def test_client_observation_cache_holds_4096(make_client):
-    assert make_client()._observations.capacity == 4096
+    assert make_client().engine.observations.capacity == 4096
 
 
 def test_fencing_tokens_increase_with_every_acquisition_and_takeover(make_client, clock, store):

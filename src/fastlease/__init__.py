@@ -1,7 +1,8 @@
 """fastlease: distributed leases (locks) with background renewal, safe takeover and one engine
 for every store.
 
-``import fastlease`` needs no optional client library; store clients that need one import it lazily.
+``import fastlease`` needs no optional client library and stays cheap: store clients, the async
+guard and whatever they need (boto3, redis, sqlite3, asyncio) load on first use.
 """
 
 from __future__ import annotations
@@ -9,16 +10,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._impl import IMPLEMENTATION
-from .aio import DistributedLock
 from .decorator import distributed_lock
 from .exceptions import FastleaseError, LockLost, LockNotAcquired, LockReleaseError
 from .lock import LeaseMetrics, SyncDistributedLock
-from .stores.memory import MemoryClient, MemoryStore
-from .stores.sqlite import SQLiteClient
+from .memory import MemoryClient, MemoryStore
 
-if TYPE_CHECKING:  # type checkers see the lazily loaded clients (below) as the classes they are
-    from .stores.dynamodb import DynamoDBClient
-    from .stores.redis import RedisClient
+if TYPE_CHECKING:  # type checkers see the lazily loaded names (below) as what they are
+    from .aio import DistributedLock
+    from .dynamodb import DynamoDBClient
+    from .redis import RedisClient
+    from .sqlite import SQLiteClient
 
 __all__ = [
     "DistributedLock",
@@ -39,15 +40,25 @@ __all__ = [
 
 __version__ = "0.1.0"
 
+#: Public names loaded on first use: name -> the module that defines it.
+_LAZY = {
+    "DistributedLock": "aio",
+    "DynamoDBClient": "dynamodb",
+    "RedisClient": "redis",
+    "SQLiteClient": "sqlite",
+}
+
 
 def __getattr__(name: str) -> object:
-    # Store clients with optional dependencies load on first use, so `import fastlease` needs no extras.
-    if name == "DynamoDBClient":
-        from .stores.dynamodb import DynamoDBClient
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastlease' has no attribute {name!r}")
+    from importlib import import_module
 
-        return DynamoDBClient
-    if name == "RedisClient":
-        from .stores.redis import RedisClient
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return RedisClient
-    raise AttributeError(f"module 'fastlease' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,41 +1,70 @@
-"""The one place that picks the engine: the compiled ``_core`` or its pure-Python twin ``_core_py``.
+"""The one place that picks the engine: ``_engine`` compiled, or the same source interpreted.
 
-``FASTLEASE_NO_EXTENSIONS=1`` or a non-CPython interpreter selects the twin. On CPython, a missing
-compiled core (an sdist built without a compiler) falls back to the twin with a RuntimeWarning.
+Both are built from ``_engine.py``. Compiled, it is an extension module that the import system finds
+before the source beside it. ``FASTLEASE_NO_EXTENSIONS=1`` or a non-CPython interpreter selects the
+source as it is; on CPython a missing extension (an sdist built without a compiler) falls back to it
+with a RuntimeWarning. ``load("py")`` loads the source under its own name even where the extension
+exists, so that one test run exercises both.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import platform
+import sys
 import warnings
-from importlib.util import find_spec
 from types import ModuleType
 
-from . import _core_py
+_PY_NAME = f"{__package__}._engine_py"
+
+
+def load(implementation: str) -> ModuleType:
+    """The engine module: ``"c"`` (compiled; ImportError if it was not built) or ``"py"``."""
+    if implementation == "c":
+        module = importlib.import_module(f"{__package__}._engine")
+        if module.IMPLEMENTATION != "c":
+            raise ImportError("it was not built when fastlease was installed")
+        return module
+    if implementation != "py":
+        raise ValueError(f"implementation must be 'c' or 'py', got {implementation!r}")
+    plain = sys.modules.get(f"{__package__}._engine")
+    if plain is not None and plain.IMPLEMENTATION == "py":
+        return plain  # no extension was built: the import system already loaded the source
+    loaded = sys.modules.get(_PY_NAME)
+    if loaded is None:
+        path = os.path.join(os.path.dirname(__file__), "_engine.py")
+        spec = importlib.util.spec_from_file_location(_PY_NAME, path)
+        assert spec is not None and spec.loader is not None  # a .py path always has a source loader
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[_PY_NAME] = loaded
+        try:
+            spec.loader.exec_module(loaded)
+        except BaseException:
+            del sys.modules[_PY_NAME]
+            raise
+    return loaded
 
 
 def _select() -> ModuleType:
     if os.environ.get("FASTLEASE_NO_EXTENSIONS", "") not in ("", "0"):
-        return _core_py
+        return load("py")
     if platform.python_implementation() != "CPython":
-        return _core_py
+        return load("py")
     try:
-        from . import _core
+        return load("c")
     except ImportError as error:
-        # No module file at all is the usual case (an sdist installed without a C compiler): say that,
-        # rather than Python's "partially initialized module" wording, which suggests a circular import.
-        reason = "it was not built when fastlease was installed" if find_spec(f"{__package__}._core") is None else error
+        # Missing extension: the import above found and ran the source, which load("py") reuses.
         warnings.warn(
-            f"fastlease: compiled core unavailable ({reason}); using the slower pure-Python engine. "
+            f"fastlease: compiled engine unavailable ({error}); using the slower pure-Python engine. "
             "Reinstall with a C compiler and the Python headers to build it",
             RuntimeWarning,
             stacklevel=3,
         )
-        return _core_py
-    return _core
+        return load("py")
 
 
 core: ModuleType = _select()
-#: "c" for the compiled core, "py" for the twin.
+#: "c" for the compiled engine, "py" for the interpreted one.
 IMPLEMENTATION: str = core.IMPLEMENTATION

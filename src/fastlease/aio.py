@@ -132,7 +132,7 @@ class DistributedLock:
         traceback: Optional[TracebackType],
     ) -> None:
         client = self._guard._lease.client
-        if not client._store.blocking:
+        if not client.store.blocking:
             # A store whose requests cannot block (the in-memory one) releases right here: a release
             # never waits for contention, so the event loop is not held up, and no thread hop is paid.
             return self._guard.__exit__(exc_type, exc, traceback)

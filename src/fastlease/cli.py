@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _client(args: argparse.Namespace) -> Any:
     if args.store == "sqlite":
-        from .stores.sqlite import SQLiteClient
+        from .sqlite import SQLiteClient
 
         path = args.path or DEFAULT_SQLITE_PATH
         if not os.path.exists(path):
@@ -88,7 +88,7 @@ def _client(args: argparse.Namespace) -> Any:
         return _dynamodb(args)
     if args.store == "redis":
         try:
-            from .stores.redis import RedisClient
+            from .redis import RedisClient
 
             return RedisClient(args.url or os.environ.get(REDIS_URL_VARIABLE) or DEFAULT_REDIS_URL,
                                shared_observations=True)
@@ -101,7 +101,7 @@ def _client(args: argparse.Namespace) -> Any:
 
 def _dynamodb(args: argparse.Namespace) -> Any:
     try:
-        from .stores.dynamodb import DynamoDBClient
+        from .dynamodb import DynamoDBClient
 
         return DynamoDBClient(endpoint_url=args.endpoint_url, region_name=args.region, shared_observations=True)
     except ImportError:
@@ -122,8 +122,8 @@ def _create_table(args: argparse.Namespace, out: Callable[[Any, str], None]) -> 
 
 def _seconds_seen(client: Any, table: str, row: dict[str, Any]) -> float:
     """How long this host has seen the row unchanged (the shared observation cache; records a sighting)."""
-    observations = client._observations
-    now_ns = client._clock.monotonic_ns()
+    observations = client.engine.observations
+    now_ns = client.clock.monotonic_ns()
     seen_ns = observations.observe((table, row["key"]), row["owner"], row["version"], row["lease_ms"], now_ns)
     return float(seen_ns) / 1e9
 
@@ -176,7 +176,7 @@ def _release(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
         if not args.force:
             raise UserError(f"would remove {_describe_row(row, None)}; run again with --force to remove it")
         # Only the row printed: conditioned on its owner, so a new holder's row is never removed.
-        removed = client._store.delete_if_owner(args.table, args.key, row["owner"], 10.0, NO_USAGE) is not None
+        removed = client.store.delete_if_owner(args.table, args.key, row["owner"], 10.0, NO_USAGE) is not None
     finally:
         client.close()
     if not removed:

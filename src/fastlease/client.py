@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Optional, Protocol, cast
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from . import _impl
 
@@ -20,29 +20,13 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
+    from ._engine import Clock, Engine
+
 #: Concurrent acquisitions (which may wait for contention) the async API runs per client.
 ASYNC_WORKERS = 64
 #: Threads for the async API's steps that never wait for contention (releases, record reads and
 #: writes): kept apart, so that a crowd of waiters can never delay the release they wait for.
 ASYNC_SHORT_WORKERS = 16
-
-
-class Clock(Protocol):
-    """What a client's ``clock`` argument provides (:class:`fastlease.testing.FakeClock` is one). Every
-    reading is an int of nanoseconds; the default is the process's own clocks."""
-
-    def monotonic_ns(self) -> int:
-        """A monotonic reading (ns): validity, waits and observations of other holders count on it."""
-
-    def time_ns(self) -> int:
-        """The wall clock (ns since the epoch): a jump backwards ends the validity of held leases."""
-
-    def wait(self, event: threading.Event, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` seconds for ``event``; return whether it is set."""
-
-    def attach_scheduler(self, scheduler: Any) -> bool:
-        """Called once by each client's renewal scheduler: True if this clock runs the scheduler's due
-        renewals itself (``scheduler.run_due()`` as time moves), False to have it start a thread."""
 
 
 class LeaseClient:
@@ -61,29 +45,27 @@ class LeaseClient:
         *,
         clock: Optional[Clock] = None,
         shared_observations: "bool | str | os.PathLike[str]" = False,
-        _core: Optional[ModuleType] = None,
+        _engine_module: Optional[ModuleType] = None,
     ) -> None:
-        core = _core if _core is not None else _impl.core
-        self._core = core
-        self._pid = core.current_pid()  # using this client in a forked child raises RuntimeError
-        self._store = store
-        self._clock: Clock = clock if clock is not None else core.SYSTEM_CLOCK
+        core = _engine_module if _engine_module is not None else _impl.core
+        #: The engine module this client runs: compiled or interpreted (``implementation`` says which).
+        self.engine_module = core
+        self.store = store  # the store adapter: single atomic operations (``fastlease.stores``)
         own = core.ObservationCache(core.OBSERVATION_CACHE_SIZE)
         if shared_observations is False:
-            self._observations: Any = own
+            observations: Any = own
         elif shared_observations is True or isinstance(shared_observations, (str, os.PathLike)):
             from .observations import SharedObservationCache
 
             path = None if shared_observations is True else shared_observations
-            self._observations = SharedObservationCache(self._observation_scope(), own, path=path)
+            observations = SharedObservationCache(self._observation_scope(), own, path=path)
         else:
             raise TypeError(
                 f"shared_observations must be True, False or a file path, got {type(shared_observations).__name__}"
             )
-        self._scheduler = core.RenewalScheduler(self._clock)
-        self._release_signals = core.ReleaseSignals()
-        # Stores that can report releases made by other processes (Redis pub/sub) set this.
-        self._release_feed: Optional[Any] = None
+        #: The engine's state for this client (store, clock, observations, renewal scheduler, release
+        #: signals): every lease of the client reads it, and nothing else of the client.
+        self.engine: Engine = core.Engine(store, clock, observations)
         self._executor: Optional[ThreadPoolExecutor] = None  # the async API's worker threads, made on first use
         self._short_executor: Optional[ThreadPoolExecutor] = None
         self._executor_lock = threading.Lock()
@@ -91,11 +73,16 @@ class LeaseClient:
     @property
     def implementation(self) -> str:
         """``"c"`` when this client runs the compiled engine, ``"py"`` for the pure-Python twin."""
-        return str(self._core.IMPLEMENTATION)
+        return str(self.engine_module.IMPLEMENTATION)
+
+    @property
+    def clock(self) -> Clock:
+        """The clock this client's leases count validity on."""
+        return self.engine.clock
 
     def _observation_scope(self) -> str:
         """What makes two clients' rows the same rows: stores override it (endpoint, file, ...)."""
-        return f"{type(self._store).__name__}:{id(self._store)}"
+        return f"{type(self.store).__name__}:{id(self.store)}"
 
     def _check_in(self, lease: Any, transaction: Any) -> None:
         """Add the ownership check of ``lease`` to ``transaction``; stores with transactions override it."""
@@ -135,7 +122,7 @@ class LeaseClient:
 
     def close(self) -> None:
         """Stop the renewal thread. Leases still held lapse locally; their rows are recovered by others."""
-        self._scheduler.close()
+        self.engine.close()
         for executor in (self._executor, self._short_executor):
             if executor is not None:
                 executor.shutdown(wait=False)

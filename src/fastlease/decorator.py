@@ -50,7 +50,7 @@ class _LockSpec:
         self.table = table
         self.call_key = call_key
         self.lease_args = lease_args  # (lease_ms, wait_ms, max_hold_ms, on_lost), validated once
-        self._lease_class = client._core.Lease
+        self._lease_class = client.engine_module.Lease
 
     def guard(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> SyncDistributedLock:
         key = self.call_key.resolve(args, kwargs)
@@ -98,7 +98,7 @@ def distributed_lock(
     when a key argument is not a str or the key is not 1-2,048 UTF-8 bytes.
     """
     check_client(client)
-    core = client._core
+    core = client.engine_module
     lease_args = lease_arguments(lease_duration, wait_timeout, max_hold, on_lost)
     core.check_table(table)
     template = core.KeyTemplate(key)

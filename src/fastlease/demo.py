@@ -40,18 +40,18 @@ def make_client(spec: tuple[Any, ...]) -> Any:
     ("memory", store)."""
     kind = spec[0]
     if kind == "sqlite":
-        from .stores.sqlite import SQLiteClient
+        from .sqlite import SQLiteClient
 
         return SQLiteClient(spec[1])
     if kind == "dynamodb":
-        from .stores.dynamodb import DynamoDBClient
+        from .dynamodb import DynamoDBClient
 
         return DynamoDBClient(endpoint_url=spec[1], region_name=spec[2])
     if kind == "redis":
-        from .stores.redis import RedisClient
+        from .redis import RedisClient
 
         return RedisClient(spec[1])
-    from .stores.memory import MemoryClient
+    from .memory import MemoryClient
 
     return MemoryClient(store=spec[1])
 
@@ -110,7 +110,7 @@ def _store_spec(store: str, path: Optional[str], endpoint_url: Optional[str], re
             directory = tempfile.mkdtemp(prefix="fastlease-demo-")
             path = os.path.join(directory, "locks.db")
             cleanup.append(lambda: shutil.rmtree(directory, ignore_errors=True))
-        from .stores.sqlite import SQLiteClient
+        from .sqlite import SQLiteClient
 
         SQLiteClient(path).close()  # bad paths fail here, in the parent, with one clear error
         say(f"store: SQLite file {path}")

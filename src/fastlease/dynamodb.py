@@ -1,4 +1,5 @@
-"""DynamoDB: the client and TransactWriteItems builders for writes that must commit only under a lease.
+"""DynamoDB: the client (the production store) and TransactWriteItems builders for writes that must
+commit only under a lease.
 
 ::
 
@@ -14,18 +15,234 @@ boto3's ``TypeSerializer``. Commits use your own boto3 client and its configurat
 
 from __future__ import annotations
 
+import logging
+import platform
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Type
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Type
 
-from .exceptions import LockLost, TransactionCanceled
-from .stores.dynamodb import DynamoDBClient, condition_check_item
+from .client import LeaseClient
+from .exceptions import TransactionCanceled
+from .stores.dynamodb import Boto3Transport, DynamoDBStore, _import_boto3, _int_or_raw, condition_check
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+    from ._engine import Clock
+
 __all__ = ["DynamoDBClient", "SyncTransaction", "Transaction", "TransactionCanceled", "condition_check_item"]
 
+_log = logging.getLogger("fastlease.dynamodb")
+
 MAX_TRANSACTION_ITEMS = 100  # DynamoDB's limit for TransactWriteItems
+
+
+def _user_agent() -> str:
+    from . import __version__
+
+    return f"fastlease/{__version__} Python/{platform.python_version()}"
+
+
+class DynamoDBClient(LeaseClient):
+    """A lease client on DynamoDB (the production store).
+
+    ``DynamoDBClient()`` uses boto3's default session and the normal AWS configuration chain
+    (``AWS_ENDPOINT_URL`` included); ``DynamoDBClient(boto3_client)`` uses an existing client's
+    Region, endpoint and credentials; ``DynamoDBClient(session=..., endpoint_url=..., region_name=...)``
+    builds from a session. Lock requests never use SDK retries and have per-request timeouts of at
+    most min(lease/3, 5 s); your own client's configuration is untouched.
+
+    ``fast_path=True`` (the default) sends the lock's own requests through fastlease's request path
+    (cached-key SigV4, keep-alive sockets, moto's ``mock_aws`` still honoured). ``fast_path=False``
+    uses plain boto3 lock clients: choose it with botocore's Stubber, tracing wrappers around
+    botocore, or anything else that must see every request; proxies, client certificates and FIPS or
+    dual-stack endpoints select it automatically. Lock operations never create tables: see
+    :meth:`create_lock_table`.
+    """
+
+    def __init__(
+        self,
+        boto3_client: Any = None,
+        *,
+        session: Any = None,
+        endpoint_url: Optional[str] = None,
+        region_name: Optional[str] = None,
+        fast_path: bool = True,
+        clock: Optional[Clock] = None,
+        **engine: Any,
+    ) -> None:
+        boto3 = _import_boto3()
+        if boto3_client is not None and (session is not None or endpoint_url is not None or region_name is not None):
+            raise ValueError("pass either a boto3 client or session/endpoint_url/region_name, not both")
+        if boto3_client is None:
+            session = session if session is not None else boto3.session.Session()
+            boto3_client = session.client("dynamodb", endpoint_url=endpoint_url, region_name=region_name)
+        elif getattr(getattr(boto3_client, "meta", None), "service_model", None) is None or (
+            boto3_client.meta.service_model.service_name != "dynamodb"
+        ):
+            raise TypeError(f"boto3_client must be a boto3 DynamoDB client, got {type(boto3_client).__name__}")
+        if type(fast_path) is not bool:
+            raise TypeError(f"fast_path must be True or False, got {fast_path!r}")
+        self.boto3_client = boto3_client
+        transport: Any = None
+        if fast_path:
+            from .stores._fastpath import FastPathUnavailable, FastTransport
+
+            try:
+                transport = FastTransport(boto3_client, _user_agent())
+            except FastPathUnavailable as reason:
+                _log.debug("lock requests use plain boto3: %s", reason)
+        if transport is None:
+            transport = Boto3Transport(self._lock_client_factory())
+        super().__init__(DynamoDBStore(transport), clock=clock, **engine)
+
+    @property
+    def transport(self) -> str:
+        """``"fast"`` for fastlease's own request path, ``"boto3"`` for plain boto3 lock clients."""
+        return str(self.store.transport.name)
+
+    def close(self) -> None:
+        super().close()
+        close = getattr(self.store.transport, "close", None)
+        if close is not None:
+            close()
+
+    def _observation_scope(self) -> str:
+        # The same table name in another Region or endpoint is another table.
+        return f"dynamodb:{self.region_name}:{self.endpoint_url}"
+
+    @property
+    def region_name(self) -> str:
+        """The Region of your boto3 client, where the lock requests go too."""
+        return str(self.boto3_client.meta.region_name)
+
+    @property
+    def endpoint_url(self) -> str:
+        """The endpoint URL of your boto3 client, which the lock requests use too."""
+        return str(self.boto3_client.meta.endpoint_url)
+
+    def _lock_client_factory(self) -> Callable[[float], Any]:
+        """Lock clients share the user client's Region, endpoint and (refreshing) credentials, but
+        have retries off and timeouts bounded by their bucket."""
+        import botocore.session
+        from botocore.config import Config
+
+        user = self.boto3_client
+        credentials = user._request_signer._credentials  # the same provider object: refreshes are shared
+
+        def make(timeout_s: float) -> Any:
+            config = user.meta.config.merge(
+                Config(
+                    retries={"total_max_attempts": 1, "mode": "standard"},
+                    connect_timeout=timeout_s,
+                    read_timeout=timeout_s,
+                    tcp_keepalive=True,
+                )
+            )
+            client = botocore.session.get_session().create_client(
+                "dynamodb",
+                region_name=user.meta.region_name,
+                endpoint_url=user.meta.endpoint_url,
+                aws_access_key_id="placeholder",  # replaced below by the shared provider
+                aws_secret_access_key="placeholder",
+                config=config,
+            )
+            client._request_signer._credentials = credentials
+            return client
+
+        return make
+
+    # ---- tables (deployment-time helpers; lock operations never call these) ----------------------
+    def create_lock_table(self, name: str, *, wait: bool = True) -> None:
+        """Create a lock table: string partition key ``key``, no sort key, on-demand, TTL disabled."""
+        self.sync_create_table(name, partition_key=("key", "S"), wait=wait)
+
+    def create_idempotency_table(self, name: str, *, wait: bool = True) -> None:
+        """Create an idempotency record table (never a lock table): partition key ``key``, on-demand,
+        with DynamoDB's TTL on ``expires_at`` (Unix seconds) so expired records are deleted for free."""
+        self.sync_create_table(name, partition_key=("key", "S"), wait=wait)
+        self.boto3_client.update_time_to_live(
+            TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"}
+        )
+
+    def lock_table_exists(self, name: str) -> bool:
+        """True if the table exists (in any status)."""
+        self.engine_module.check_table(name)
+        try:
+            self.boto3_client.describe_table(TableName=name)
+        except self.boto3_client.exceptions.ResourceNotFoundException:
+            return False
+        return True
+
+    def inspect(self, table: str, key: Optional[str] = None) -> list[dict[str, Any]]:
+        """Held rows, through your boto3 client: a consistent GetItem for one key, else a consistent
+        Scan (paginated; an operator's tool, not for hot paths)."""
+        self.engine_module.check_table(table)
+        if key is not None:
+            response = self.boto3_client.get_item(TableName=table, Key={"key": {"S": key}}, ConsistentRead=True)
+            items = [response["Item"]] if "Item" in response else []
+        else:
+            items = []
+            for page in self.boto3_client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
+                items.extend(page["Items"])
+        rows = []
+        for item in items:
+            plain = {name: next(iter(value.values())) for name, value in item.items()}
+            rows.append({
+                "key": plain.get("key"), "owner": plain.get("owner"), "version": plain.get("version"),
+                "lease_ms": _int_or_raw(plain.get("lease_ms")), "protocol": _int_or_raw(plain.get("protocol")),
+                "waiting": plain.get("waiting", False), "fence": None,
+            })
+        return sorted(rows, key=lambda row: str(row["key"]))
+
+    # ---- pydynox-style helpers, so the reference's examples run with only their imports changed ----
+    def sync_table_exists(self, name: str) -> bool:
+        """Any table (not only lock tables): True if it exists."""
+        return self.lock_table_exists(name)
+
+    def sync_create_table(self, name: str, *, partition_key: tuple[str, str], wait: bool = True) -> None:
+        """Create an on-demand table with a single partition key, e.g. ``partition_key=("job_id", "S")``."""
+        self.engine_module.check_table(name)
+        attribute, attribute_type = partition_key
+        if attribute_type not in ("S", "N", "B"):
+            raise ValueError(f"partition key type must be 'S', 'N' or 'B', got {attribute_type!r}")
+        self.boto3_client.create_table(
+            TableName=name,
+            AttributeDefinitions=[{"AttributeName": attribute, "AttributeType": attribute_type}],
+            KeySchema=[{"AttributeName": attribute, "KeyType": "HASH"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        if wait:
+            self.boto3_client.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1})
+
+    def sync_get_item(self, table: str, key: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """A strongly consistent read of one item, as plain Python values (None if absent)."""
+        from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+        serializer, deserializer = TypeSerializer(), TypeDeserializer()
+        response = self.boto3_client.get_item(
+            TableName=table, Key={name: serializer.serialize(value) for name, value in key.items()}, ConsistentRead=True
+        )
+        item = response.get("Item")
+        return None if item is None else {name: deserializer.deserialize(value) for name, value in item.items()}
+
+    # ---- transactions ------------------------------------------------------------------------
+    def _check_in(self, lease: Any, transaction: Any) -> None:
+        if not isinstance(transaction, SyncTransaction):  # Transaction (async) is a subclass
+            raise TypeError(
+                f"check_in takes a fastlease.dynamodb Transaction or SyncTransaction, got {type(transaction).__name__}"
+            )
+        if transaction.client is not self:
+            raise ValueError("check_in: the transaction belongs to another client; create it with this lease's client")
+        transaction._add_lock_check(lease, condition_check_item(lease)["ConditionCheck"])
+
+    def _condition_check_item(self, lease: Any) -> dict[str, Any]:
+        return condition_check_item(lease)
+
+
+def condition_check_item(lease: Any) -> dict[str, Any]:
+    """The raw TransactWriteItems entry that holds only while ``lease``'s owner still owns the row."""
+    return condition_check(lease.table, lease.key, lease.owner)
+
 
 
 def _targets_lock_item(table: str, plain_key: Any, lock_table: str, lock_key: str) -> bool:
@@ -146,14 +363,11 @@ class SyncTransaction:
         checks_by_index = {index: lease for index, lease in self._lock_checks.values()}
         lost = [checks_by_index[i] for i, _, _, _, code in failed
                 if code == "ConditionalCheckFailed" and i in checks_by_index]
-        for lease in lost:
-            lease.note_stolen()  # the lease object learns what the store just proved
-        if lost:
-            lease = lost[0]
-            lock_lost = LockLost(f"lease on {lease.key!r} in {lease.table!r} no longer held at commit: {detail}",
-                                 key=lease.key, cause="stolen")
-            lock_lost.__cause__ = canceled  # LockLost <- TransactionCanceled <- botocore's error
-            return lock_lost
+        # Every lease the store just proved lost learns it; the first one's LockLost is raised.
+        lock_lost: list[BaseException] = [lease.lost_to_store(f"no longer held at commit: {detail}") for lease in lost]
+        if lock_lost:
+            lock_lost[0].__cause__ = canceled  # LockLost <- TransactionCanceled <- botocore's error
+            return lock_lost[0]
         return canceled
 
     def __enter__(self) -> Self:

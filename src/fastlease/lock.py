@@ -1,6 +1,6 @@
 """``SyncDistributedLock``: the sync guard, and the one place where seconds become milliseconds.
 
-The guard is a thin shell over the engine's ``Lease`` (``fastlease._core``): the engine holds the
+The guard is a thin shell over the engine's ``Lease`` (``fastlease._engine``): the engine holds the
 protocol, the wait policy and the state machine; this module validates the public arguments and
 shapes the context-manager contract (single use, cleanup errors attached to the body's exception).
 """
@@ -22,8 +22,7 @@ from .exceptions import FastleaseError, LockLost
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    # The twin stands for both engines here: _core.pyi declares the compiled Lease name for name.
-    from ._core_py import Lease
+    from ._engine import Lease  # type checkers read the one engine source
 
 __all__ = ["SyncDistributedLock", "LeaseMetrics", "DEFAULT_LEASE_DURATION", "DEFAULT_WAIT_TIMEOUT"]
 
@@ -141,7 +140,7 @@ class SyncDistributedLock:
         on_lost: Optional[Callable[[LockLost], object]] = None,
     ) -> None:
         check_client(client)
-        self._lease = client._core.Lease(
+        self._lease = client.engine_module.Lease(
             client, table, key, *lease_arguments(lease_duration, wait_timeout, max_hold, on_lost)
         )
 

@@ -210,7 +210,7 @@ if pytest is not None:
     @pytest.fixture
     def fastlease_memory_client(fastlease_clock: FakeClock) -> Iterator[Any]:
         """A ``MemoryClient`` on ``fastlease_clock``: renewals and takeovers happen as the test advances it."""
-        from .stores.memory import MemoryClient
+        from .memory import MemoryClient
 
         client = MemoryClient(clock=fastlease_clock)
         try:
@@ -221,7 +221,7 @@ if pytest is not None:
     @pytest.fixture
     def fastlease_sqlite_client(tmp_path: Any) -> Iterator[Any]:
         """A ``SQLiteClient`` on ``tmp_path / "fastlease.sqlite3"`` (real clocks; other processes may open it)."""
-        from .stores.sqlite import SQLiteClient
+        from .sqlite import SQLiteClient
 
         client = SQLiteClient(tmp_path / "fastlease.sqlite3")
         try:
@@ -244,7 +244,7 @@ if pytest is not None:
         import boto3
         from moto import mock_aws
 
-        from .stores.dynamodb import DynamoDBClient
+        from .dynamodb import DynamoDBClient
 
         with mock_aws():
             session = boto3.session.Session(

@@ -315,7 +315,7 @@ def _run_memory(seconds: float, count: int, seed: int, say: Callable[[str], None
         with open(clock_path, "wb") as handle:
             handle.write(b"\0" * 8)
         first = MemoryClient(clock=workload.JumpingClock(clock_path))
-        store = first._store
+        store = first.store
         clients = [first] + [MemoryClient(store=store, clock=workload.JumpingClock(clock_path))
                              for _ in range(count - 1)]
         deadline = time.monotonic() + seconds

@@ -146,7 +146,7 @@ def make_client(store: str, target: str, clock: Any, plain: Any = None) -> Any:
 
         return SQLiteClient(target, clock=clock)
     if store == "redis":
-        from fastlease.stores.redis import RedisClient
+        from fastlease.redis import RedisClient
 
         return RedisClient(target, clock=clock)
     from fastlease.dynamodb import DynamoDBClient

@@ -41,7 +41,7 @@ def dynamodb_mock_store() -> Iterator[Any]:
         for table in ("locks", "other"):
             client.create_lock_table(table)
         try:
-            yield client._store
+            yield client.store
         finally:
             client.close()
 
@@ -60,7 +60,7 @@ def dynamodb_server_store(request: pytest.FixtureRequest, fast_path: bool = True
             client.boto3_client.delete_table(TableName=table)
         client.create_lock_table(table)
     try:
-        yield client._store
+        yield client.store
     finally:
         client.close()
 
@@ -79,7 +79,7 @@ def sqlite_store(request: pytest.FixtureRequest) -> Iterator[Any]:
 @contextlib.contextmanager
 def redis_store(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A real redis-server, started by the test session."""
-    from fastlease.stores.redis import RedisClient
+    from fastlease.redis import RedisClient
 
     request.getfixturevalue("redis_db")  # empties the database
     client = RedisClient(request.getfixturevalue("redis_url"))

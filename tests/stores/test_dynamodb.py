@@ -37,7 +37,7 @@ def make_dynamodb(aws, core, transport):
     def build(**kwargs):
         kwargs.setdefault("session", aws)
         kwargs.setdefault("fast_path", transport == "fast")
-        client = DynamoDBClient(_core=core, **kwargs)
+        client = DynamoDBClient(_engine_module=core, **kwargs)
         assert client.transport == transport
         clients.append(client)
         return client
@@ -154,7 +154,7 @@ def test_decorator_on_dynamodb(ddb):
 def test_constructor_forms(aws, core):
     user = aws.client("dynamodb", config=Config(retries={"max_attempts": 7, "mode": "standard"}, read_timeout=42))
     retries_before = dict(user.meta.config.retries)
-    from_client = DynamoDBClient(user, fast_path=False, _core=core)
+    from_client = DynamoDBClient(user, fast_path=False, _engine_module=core)
     try:
         assert from_client.boto3_client is user
         assert from_client.region_name == REGION
@@ -164,7 +164,7 @@ def test_constructor_forms(aws, core):
         # the user's client keeps its own retries and timeouts
         assert user.meta.config.retries == retries_before == {"total_max_attempts": 8, "mode": "standard"}
         assert user.meta.config.read_timeout == 42
-        lock_clients = from_client._store.transport._clients
+        lock_clients = from_client.store.transport._clients
         assert lock_clients, "the lock request went through a lock-only client"
         for bucket, lock_client in lock_clients.items():
             assert lock_client.meta.config.retries["total_max_attempts"] == 1
@@ -180,9 +180,10 @@ def test_constructor_forms(aws, core):
 
 
 def test_fast_path_is_the_default_and_falls_back_where_it_cannot_serve(aws, core, monkeypatch):
-    default = DynamoDBClient(session=aws, _core=core)
-    proxied = DynamoDBClient(aws.client("dynamodb", config=Config(proxies={"https": "http://127.0.0.1:9"})), _core=core)
-    fips = DynamoDBClient(aws.client("dynamodb", config=Config(use_fips_endpoint=True)), _core=core)
+    default = DynamoDBClient(session=aws, _engine_module=core)
+    proxied = DynamoDBClient(aws.client("dynamodb", config=Config(proxies={"https": "http://127.0.0.1:9"})),
+                             _engine_module=core)
+    fips = DynamoDBClient(aws.client("dynamodb", config=Config(use_fips_endpoint=True)), _engine_module=core)
     try:
         assert default.transport == "fast"
         assert proxied.transport == "boto3"
@@ -193,7 +194,7 @@ def test_fast_path_is_the_default_and_falls_back_where_it_cannot_serve(aws, core
 
 
 def test_endpoint_and_region_arguments(aws, core):
-    client = DynamoDBClient(session=aws, region_name="eu-west-1", _core=core)
+    client = DynamoDBClient(session=aws, region_name="eu-west-1", _engine_module=core)
     try:
         assert client.region_name == "eu-west-1"
         assert "eu-west-1" in client.endpoint_url
@@ -369,7 +370,7 @@ def test_default_constructor_honours_the_aws_configuration_chain(moto_endpoint, 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-central-1")
-    client = DynamoDBClient(_core=core)
+    client = DynamoDBClient(_engine_module=core)
     try:
         assert client.endpoint_url == moto_endpoint
         assert client.region_name == "eu-central-1"
@@ -417,7 +418,8 @@ def test_no_credentials_fails_at_once_with_a_clear_error(monkeypatch, core):
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     clock = FakeClock()
-    client = DynamoDBClient(region_name="us-east-1", endpoint_url="http://127.0.0.1:9", clock=clock, _core=core)
+    client = DynamoDBClient(region_name="us-east-1", endpoint_url="http://127.0.0.1:9", clock=clock,
+                            _engine_module=core)
     try:
         assert client.transport == "boto3"  # the fast path needs credentials to sign
         with pytest.raises(StoreRequestRejected, match="Unable to locate credentials"):
@@ -443,11 +445,11 @@ def test_a_credential_refresh_failure_is_a_retryable_error_not_a_raw_botocore_on
                   "expiry_time": "2000-01-01T00:00:00Z"},
         refresh_using=refresh, method="test",
     )
-    client = DynamoDBClient(user, fast_path=transport == "fast", _core=core)
+    client = DynamoDBClient(user, fast_path=transport == "fast", _engine_module=core)
     try:
         assert client.transport == transport
         with pytest.raises(StoreError) as info:
-            client._store.put_if_absent("locks", "k", "o", "v", 30_000, 5.0, NO_USAGE)
+            client.store.put_if_absent("locks", "k", "o", "v", 30_000, 5.0, NO_USAGE)
         assert info.value.maybe_committed is False
         assert isinstance(info.value.__cause__, CredentialRetrievalError)
     finally:

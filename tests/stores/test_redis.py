@@ -22,7 +22,8 @@ import pytest
 import mp_workers
 from fastlease import SyncDistributedLock
 from fastlease.exceptions import LockLost, LockNotAcquired, MalformedLockRow, StoreError, StoreRequestRejected
-from fastlease.stores.redis import RedisClient, fence_key, lease_key
+from fastlease.redis import RedisClient
+from fastlease.stores.redis import fence_key, lease_key
 from fastlease.testing import NO_USAGE
 from proc_helpers import JOIN_S, Children, kill_and_reap, receive, run_contenders
 
@@ -36,7 +37,7 @@ def make_redis(core, redis_url, redis_db):
     clients = []
 
     def build(target: Any = None, **kwargs: Any) -> RedisClient:
-        client = RedisClient(target if target is not None else redis_url, _core=core, **kwargs)
+        client = RedisClient(target if target is not None else redis_url, _engine_module=core, **kwargs)
         clients.append(client)
         return client
 
@@ -252,12 +253,12 @@ def test_check_in_points_to_fencing_tokens(make_redis):
 
 def test_bad_constructor_arguments_are_clear(core):
     with pytest.raises(TypeError, match="redis:// URL or a redis.Redis"):
-        RedisClient(42, _core=core)
+        RedisClient(42, _engine_module=core)
     with pytest.raises(ValueError, match="bad Redis URL") as info:
-        RedisClient("http://user:pw-secret@127.0.0.1/0", _core=core)
+        RedisClient("http://user:pw-secret@127.0.0.1/0", _engine_module=core)
     assert "pw-secret" not in str(info.value)
     with pytest.raises(TypeError, match="wake_on_release"):
-        RedisClient("redis://127.0.0.1:1/0", wake_on_release="yes", _core=core)
+        RedisClient("redis://127.0.0.1:1/0", wake_on_release="yes", _engine_module=core)
 
 
 # ---- wake-up on release --------------------------------------------------------------------------
@@ -378,7 +379,7 @@ def test_a_server_down_while_waiting_is_retried_within_the_wait_budget(core):
     from fastlease.testing_redis import RedisServer
 
     port = closed_port()
-    client = RedisClient(f"redis://127.0.0.1:{port}/0", _core=core)
+    client = RedisClient(f"redis://127.0.0.1:{port}/0", _engine_module=core)
     failed = threading.Event()
     call = client.store.call
 

@@ -31,7 +31,7 @@ def make_sqlite(core, db):
     clients = []
 
     def build(**kwargs):
-        client = SQLiteClient(kwargs.pop("path", db), _core=core, **kwargs)
+        client = SQLiteClient(kwargs.pop("path", db), _engine_module=core, **kwargs)
         clients.append(client)
         return client
 
@@ -159,17 +159,17 @@ def test_check_in_rules(make_sqlite, db, tmp_path):
 def test_bad_paths_raise_value_error_naming_the_path(core, tmp_path):
     missing = tmp_path / "no-such-dir" / "locks.db"
     with pytest.raises(ValueError, match="does not exist") as info:
-        SQLiteClient(missing, _core=core)
+        SQLiteClient(missing, _engine_module=core)
     assert str(missing.parent) in str(info.value)
     with pytest.raises(ValueError, match="is a directory"):
-        SQLiteClient(tmp_path, _core=core)
+        SQLiteClient(tmp_path, _engine_module=core)
     corrupt = tmp_path / "corrupt.db"
     corrupt.write_bytes(b"this is not a database file, just text " * 200)
     with pytest.raises(ValueError, match="unusable") as info:
-        SQLiteClient(corrupt, _core=core)
+        SQLiteClient(corrupt, _engine_module=core)
     assert "corrupt.db" in str(info.value)
     with pytest.raises(TypeError, match="file path"):
-        SQLiteClient(42, _core=core)  # type: ignore[arg-type]
+        SQLiteClient(42, _engine_module=core)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("table", ["ab", 'x"; DROP TABLE t; --', "a b c", "é" * 5, ""])

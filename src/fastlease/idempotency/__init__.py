@@ -200,9 +200,9 @@ class _CallSpec:
     def __init__(self, client: LeaseClient, table: str, lock_table: Optional[str], lease_duration: float,
                  wait: float, ttl: Optional[float], serializer: Serializer, retry_on: RetryOn) -> None:
         check_client(client)
-        core = client._core
+        core = client.engine_module
         self.client = client
-        self.store = client._store
+        self.store = client.store
         if not hasattr(self.store, "finish_if_owner"):
             raise TypeError(f"{type(client).__name__} has no idempotency records")
         self.table = core.check_table(table)
@@ -274,7 +274,7 @@ class IdempotentCall:
 
     def _init(self, spec: _CallSpec, key: str, fingerprint: str) -> None:
         self._spec = spec
-        self.key = spec.client._core.check_key(key)
+        self.key = spec.client.engine_module.check_key(key)
         self.fingerprint = fingerprint
         self._lock = SyncDistributedLock(spec.client, table=spec.lock_table, key=key,
                                          lease_duration=spec.lease_duration, wait_timeout=spec.wait)
@@ -287,7 +287,7 @@ class IdempotentCall:
 
     # ---- steps (shared by the sync and async forms) --------------------------------------------
     def _now_ms(self) -> int:
-        return int(self._spec.client._clock.time_ns() // 1_000_000)
+        return int(self._spec.client.clock.time_ns() // 1_000_000)
 
     def _lookup(self) -> bool:
         """Read the record; True (and the call replayed) if there is a live one."""
@@ -557,7 +557,7 @@ def idempotent(
     from ..decorator import _bind_template
 
     spec = _CallSpec(client, table, lock_table, lease_duration, wait, ttl, serializer, retry_on)
-    core = client._core
+    core = client.engine_module
     template = core.KeyTemplate(key)
     if not (payload is None or payload is False or
             (isinstance(payload, tuple) and all(isinstance(name, str) for name in payload))):

@@ -1,7 +1,7 @@
 """The store interface: the single atomic operations every lock store provides.
 
 A store is an adapter. It never loops, sleeps, retries, generates ids or reads the protocol's clocks
-(a transport may time its own requests): the engine (``fastlease._core``) does all of that, once, for
+(a transport may time its own requests): the engine (``fastlease._engine``) does all of that, once, for
 every store. A lost race is a return value
 (``False``); a failed request raises :class:`~fastlease.exceptions.StoreError` whose
 ``maybe_committed`` says whether a write could still have been applied (a timeout after sending, a
@@ -13,6 +13,17 @@ dropped response), so the engine knows to reconcile it with a consistent read.
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Optional, Protocol
+
+
+def check_table(table: object) -> str:
+    """Table names follow DynamoDB's rule on every store, so code moves between stores unchanged: 3-255
+    characters of A-Z a-z 0-9 _ . -. Stores check names they build from (SQL identifiers, Redis keys);
+    the engine checks every name a lease is given."""
+    if type(table) is not str:
+        raise TypeError(f"table must be a str, got {type(table).__name__}: {table!r:.80}")
+    if not 3 <= len(table) <= 255 or not all(c.isascii() and (c.isalnum() or c in "_.-") for c in table):
+        raise ValueError(f"table must be 3-255 characters of A-Z a-z 0-9 _ . -, got {table!r:.80}")
+    return table
 
 
 class LockRow(NamedTuple):
@@ -110,7 +121,7 @@ class LockStore(Protocol):
 
 class ReleaseFeed(Protocol):
     """Optional: releases made by any process, reported to this one (Redis pub/sub). A client whose
-    store has one sets ``client._release_feed``; a waiting lease then watches its key and is woken at
+    store has one sets ``client.engine.release_feed``; a waiting lease then watches its key and is woken at
     once instead of at its next poll. Only a hint: a lost report leaves the waiter to its poll."""
 
     def watch(self, table: str, key: str, wake: Callable[[], None]) -> Any:

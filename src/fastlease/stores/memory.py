@@ -11,10 +11,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional, Protocol, TypeVar
 
-from ..client import Clock, LeaseClient
 from .base import LockRow, Record, UsageMeter
 
-__all__ = ["MemoryClient", "MemoryStore"]
+__all__ = ["MemoryStore"]
 
 PROTOCOL_V1 = 1
 
@@ -198,18 +197,3 @@ class MemoryStore:
             self._rows.pop((table, key), None)
 
 
-class MemoryClient(LeaseClient):
-    """A lease client on an in-process :class:`MemoryStore`.
-
-    Clients that share one ``store`` behave like separate processes sharing one table: each has its
-    own observation cache and renewal thread. ``clock`` injects time (see ``fastlease.testing.FakeClock``).
-    """
-
-    def __init__(self, *, store: Optional[MemoryStore] = None, clock: Optional[Clock] = None, **engine: Any) -> None:
-        self.store = store if store is not None else MemoryStore()
-        super().__init__(self.store, clock=clock, **engine)
-
-    def inspect(self, table: str, key: Optional[str] = None) -> list[dict[str, Any]]:
-        rows = self.store.rows(self._core.check_table(table))
-        return [{"key": k, **row._asdict()}
-                for k, row in sorted(rows.items()) if key is None or k == key]

@@ -26,14 +26,12 @@ import sqlite3
 import threading
 from typing import Any, Optional
 
-from .._core_py import check_table
-from ..client import Clock, LeaseClient
-from ..exceptions import LockLost, StoreError, StoreRequestRejected
-from .base import LockRow, Record, UsageMeter, outcome_for_log
+from ..exceptions import StoreError, StoreRequestRejected
+from .base import LockRow, Record, UsageMeter, check_table, outcome_for_log
 
 _log = logging.getLogger("fastlease.stores.sqlite")
 
-__all__ = ["SQLiteClient", "SQLiteStore"]
+__all__ = ["SQLiteStore"]
 
 _PREFIX = "fastlease_lock_"
 MIN_SQLITE_VERSION = (3, 24, 0)
@@ -309,6 +307,18 @@ class SQLiteStore:
             self._record_tables.add(table)
         return name
 
+    def check_in(self, connection: sqlite3.Connection, table: str, key: str, owner: str) -> bool:
+        """Inside the caller's open transaction on this file: True if ``owner`` holds ``key``, and from
+        then on that transaction holds SQLite's one write lock until it ends, so no takeover (itself a
+        write) can commit before it. False if the row is not ``owner``'s. The caller checks that the
+        connection is on this file and in a transaction."""
+        try:
+            matched = connection.execute(_CHECK_IN.format(name=sql_table_name(table)), (key, owner)).rowcount == 1
+        except sqlite3.OperationalError as error:
+            raise StoreError(f"check_in on {key!r} failed: {_describe(error)}", key=key) from error
+        _log.debug("check_in %r -> %s", key, outcome_for_log(matched))
+        return matched
+
     def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
         """The record of ``key`` in record table ``table`` (SQL table ``fastlease_record_<table>``, made on
         first use), expired or not, or None."""
@@ -384,53 +394,3 @@ def _row(found: tuple[Any, ...]) -> LockRow:
     return LockRow(owner, version, lease_ms, protocol, flag, fence)
 
 
-class SQLiteClient(LeaseClient):
-    """A lease client on an embedded SQLite file: leases between the processes of one host.
-
-    ``SQLiteClient("/var/lib/myapp/locks.db")``. The file and its lock tables are created on first use
-    (the directory must exist). Clients in any number of processes may share the file. Bad paths
-    (missing directory, a corrupt or read-only file) raise ``ValueError`` naming the path.
-    ``lease.check_in(connection)`` checks ownership inside your own write transaction on the same file.
-    """
-
-    def __init__(self, path: "str | os.PathLike[str]", *, clock: Optional[Clock] = None, **engine: Any) -> None:
-        self.store = SQLiteStore(path)
-        super().__init__(self.store, clock=clock, **engine)
-
-    def _observation_scope(self) -> str:
-        return f"sqlite:{os.path.realpath(self.store.path)}"
-
-    def inspect(self, table: str, key: Optional[str] = None) -> list[dict[str, Any]]:
-        return self.store.inspect(table, key)
-
-    def _check_in(self, lease: Any, transaction: Any) -> None:
-        """Check ownership inside the caller's open transaction on the same file.
-
-        Why this is sound: SQLite has one writer at a time. The check is a write statement on the lock
-        row that changes nothing and matches only while we own it, so from this moment the caller's
-        transaction holds the file's write lock until it commits or rolls back; no takeover (itself a
-        write) can land in between. If another writer committed after the caller's transaction began
-        reading, SQLite refuses to upgrade it (busy snapshot) and nothing of the caller's commits.
-        """
-        if not isinstance(transaction, sqlite3.Connection):
-            raise TypeError(f"check_in takes a sqlite3.Connection, got {type(transaction).__name__}")
-        if not transaction.in_transaction:
-            raise ValueError(
-                "check_in needs the connection inside a transaction: execute 'BEGIN IMMEDIATE' first "
-                "(or check in after your first write)"
-            )
-        files = {row[2] for row in transaction.execute("PRAGMA database_list") if row[1] == "main"}
-        if not any(f and os.path.realpath(f) == os.path.realpath(self.store.path) for f in files):
-            raise ValueError(f"check_in: the connection is not on this client's file {self.store.path!r}")
-        name = sql_table_name(lease.table)
-        try:
-            matched = transaction.execute(_CHECK_IN.format(name=name), (lease.key, lease.owner)).rowcount == 1
-        except sqlite3.OperationalError as error:
-            raise StoreError(f"check_in on {lease.key!r} failed: {_describe(error)}", key=lease.key) from error
-        if not matched:
-            lease.note_stolen()
-            raise LockLost(f"lease on {lease.key!r} was lost: stolen", key=lease.key, cause="stolen")
-
-    def close(self) -> None:
-        super().close()
-        self.store.close()

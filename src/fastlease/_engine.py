@@ -1,10 +1,15 @@
-"""Pure-Python twin of ``fastlease._core``: the readable reference of the lease engine.
+# cython: language_level=3, embedsignature=True, freethreading_compatible=True, annotation_typing=False
+"""The lease engine: the protocol, written once.
 
-``_core.pyx`` implements the same names with the same behaviour; ``_impl.py`` picks one of the two.
+This one source is both engines. Imported as it is, it is the pure-Python engine; ``cythonize``
+compiles it (with the augmenting declarations in ``_engine.pxd``: ``cdef class`` layouts, typed
+attributes and locals) into the compiled one. ``_impl.py`` picks which one a process uses.
+
 Everything that is protocol lives here: clocks and validity, key templates, the observation cache,
-the lease state machine (acquire, take over, renew, reconcile, release) and the renewal scheduler.
-Stores below this layer are single atomic operations; the public API above it only converts seconds
-to milliseconds and shapes the guards.
+the lease state machine (acquire, take over, renew, reconcile, release), the renewal scheduler and
+the per-client engine state. Stores below this layer are single atomic operations; the public API
+above it converts seconds to milliseconds and shapes the guards. The rules are stated in
+``docs/protocol.md``; the map of the layers is ``docs/architecture.md``.
 
 Units: integers carry their unit in their name (``lease_ms``, ``deadline_ns``); every clock reading is
 an ``int`` of nanoseconds.
@@ -18,23 +23,30 @@ import os
 import random
 import threading
 import time
-import uuid
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Optional, Protocol, cast
 
 from .exceptions import LockLost, LockNotAcquired, LockReleaseError, MalformedLockRow, StoreError
+from .stores.base import check_table
 
-if TYPE_CHECKING:  # annotations only: the engine imports nothing of the layers above it
+if TYPE_CHECKING:  # annotations only
     from concurrent.futures import ThreadPoolExecutor
     from typing import Callable
 
-    from .client import Clock
+#: "c" when this module runs compiled (its file is the extension module), "py" when interpreted.
+IMPLEMENTATION = "py" if __file__.endswith((".py", ".pyc")) else "c"
 
-IMPLEMENTATION = "py"
+if IMPLEMENTATION == "c":
+    # The compiled engine takes its tokens from the native core (pooled urandom, formatted in C).
+    from ._core import new_token
+else:
+    from ._core_fallback import new_token
+
+__all__ = ["check_table", "new_token"]  # re-exported for the layers above; the rest is by name
 
 _log = logging.getLogger("fastlease.engine")
 
 # ---------------------------------------------------------------------------------------------
-# Limits and timing rules of the contract (lock-contract.md §1-§3). All derived timings are here.
+# Limits and timing rules (docs/protocol.md, "Limits" and "Timing rules"). All derived timings are here.
 # ---------------------------------------------------------------------------------------------
 PROTOCOL_V1 = 1
 MIN_LEASE_MS = 100
@@ -89,6 +101,24 @@ def cleanup_budget_ns(lease_ms: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # Clocks
 # ---------------------------------------------------------------------------------------------
+class Clock(Protocol):
+    """What a client's ``clock`` argument provides (:class:`fastlease.testing.FakeClock` is one). Every
+    reading is an int of nanoseconds; the default is the process's own clocks."""
+
+    def monotonic_ns(self) -> int:
+        """A monotonic reading (ns): validity, waits and observations of other holders count on it."""
+
+    def time_ns(self) -> int:
+        """The wall clock (ns since the epoch): a jump backwards ends the validity of held leases."""
+
+    def wait(self, event: threading.Event, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for ``event``; return whether it is set."""
+
+    def attach_scheduler(self, scheduler: Any) -> bool:
+        """Called once by each client's renewal scheduler: True if this clock runs the scheduler's due
+        renewals itself (``scheduler.run_due()`` as time moves), False to have it start a thread."""
+
+
 class SystemClock:
     """The process's monotonic and wall clocks; waits are real waits on an event."""
 
@@ -96,6 +126,7 @@ class SystemClock:
     time_ns = staticmethod(time.time_ns)
 
     def wait(self, event: threading.Event, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for ``event``; return whether it is set."""
         return event.wait(timeout_s)
 
     def attach_scheduler(self, scheduler: RenewalScheduler) -> bool:
@@ -136,36 +167,22 @@ def check_not_forked(pid: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Tokens: owner and version identities
-# ---------------------------------------------------------------------------------------------
-def new_token() -> str:
-    """A random UUID4 string: used for every owner and every version."""
-    return str(uuid.uuid4())
-
-
-# ---------------------------------------------------------------------------------------------
 # Input checks
 # ---------------------------------------------------------------------------------------------
 def check_key(key: object) -> str:
     """Return ``key`` if it is a str of 1-2,048 UTF-8 bytes, else raise TypeError/ValueError."""
     if type(key) is not str:  # str subclasses too: their str() may not be the value stored
         raise TypeError(f"lock key must be a str, got {type(key).__name__}: {key!r:.80}")
-    try:
-        size = len(key.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValueError(f"lock key is not encodable as UTF-8 (lone surrogate?): {key!r:.80}") from None
+    if key.isascii():
+        size = len(key)
+    else:
+        try:
+            size = len(key.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValueError(f"lock key is not encodable as UTF-8 (lone surrogate?): {key!r:.80}") from None
     if not 1 <= size <= MAX_KEY_BYTES:
         raise ValueError(f"lock key must be 1-{MAX_KEY_BYTES} UTF-8 bytes, got {size}: {key!r:.80}")
     return key
-
-
-def check_table(table: object) -> str:
-    """Table names follow DynamoDB's rule on every store, so code moves between stores unchanged."""
-    if type(table) is not str:
-        raise TypeError(f"table must be a str, got {type(table).__name__}: {table!r:.80}")
-    if not 3 <= len(table) <= 255 or not all(c.isascii() and (c.isalnum() or c in "_.-") for c in table):
-        raise ValueError(f"table must be 3-255 characters of A-Z a-z 0-9 _ . -, got {table!r:.80}")
-    return table
 
 
 def check_row(row: Any, key: str) -> None:
@@ -197,7 +214,6 @@ class KeyTemplate:
     can collide by containing the separator.
     """
 
-    __slots__ = ("template", "names", "_literals")
 
     def __init__(self, template: object) -> None:
         if type(template) is not str:
@@ -274,7 +290,6 @@ class CallKey:
     its default or MISSING. Both come from ``inspect.signature`` once, at decoration.
     """
 
-    __slots__ = ("template", "_positions", "_defaults")
 
     def __init__(self, template: KeyTemplate, positions: tuple[int, ...], defaults: tuple[Any, ...]) -> None:
         if len(positions) != len(template.names) or len(defaults) != len(template.names):
@@ -309,7 +324,6 @@ class ObservationCache:
     restarts that row's observation, so it can delay recovery but never allow an early takeover.
     """
 
-    __slots__ = ("capacity", "_entries", "_mutex")
 
     def __init__(self, capacity: int = OBSERVATION_CACHE_SIZE) -> None:
         if type(capacity) is not int or capacity < 1:
@@ -363,7 +377,6 @@ class ReleaseSignals:
       former holders sit out their courtesy waits, and whoever returns first takes a long run.)
     """
 
-    __slots__ = ("_queues", "_mutex", "_contended")
 
     def __init__(self) -> None:
         # cache_key -> [ticket, ...], oldest first; removed when empty
@@ -469,10 +482,11 @@ class Lease:
             )
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be a callable taking a LockLost, or None, got {type(on_lost).__name__}")
-        check_not_forked(client._pid)
+        engine: Engine = client.engine
+        check_not_forked(engine.pid)
         self.table = check_table(table)
         self.key = check_key(key)
-        self._pid = client._pid
+        self._pid = engine.pid
         self.lease_ms = lease_ms
         self.wait_ms = wait_ms
         self.max_hold_ms = max_hold_ms
@@ -480,9 +494,12 @@ class Lease:
         self._lost_event: Optional[threading.Event] = None  # made on first use; installed under _mutex
         self._hold_until_ns = 0  # written by the caller before renewal is scheduled; 0: no max_hold
         self._renewal_stopped = False  # max_hold reached; renewal thread only
-        self._client = client
-        self._store = client._store
-        self._clock: Clock = client._clock
+        self._client = client  # handed back by the ``client`` property; the engine reads only ``engine``
+        self._store = engine.store
+        self._clock: Clock = engine.clock
+        self._observations = engine.observations
+        self._scheduler = engine.scheduler
+        self._signals = engine.signals
         self._cache_key = (table, key)
         self._mutex = threading.Lock()
         # Written by the caller's thread, and by the renewal thread only to move HELD -> LOST.
@@ -515,7 +532,7 @@ class Lease:
         self._cancelled = False
         self._ticket: Optional[threading.Event] = None  # our place in the client's wait queue; caller
         # The store's feed of releases made anywhere (Redis pub/sub), or None; our watch while waiting.
-        self._feed = client._release_feed
+        self._feed = engine.release_feed
         self._watch: Any = None
         # Caller-thread counters.
         self._writes = 0
@@ -579,6 +596,14 @@ class Lease:
         if first:
             self._announce_lost("stolen")
 
+    def lost_to_store(self, detail: str) -> LockLost:
+        """The one path for "the store says we lost it" (a rejected check_in, a cancelled transaction,
+        a completion the store refused): the lease is lost with cause ``stolen``, and the LockLost to
+        raise is returned (the caller raises it, ``from`` its store error where there is one)."""
+        self.note_stolen()
+        return LockLost(f"lease on {self.key!r} in table {self.table!r} was lost: stolen ({detail})",
+                        key=self.key, cause="stolen")
+
     def _lapse_cause(self) -> str:
         """Why validity ran out without a conditional failure."""
         if self._renewal_stopped:
@@ -588,7 +613,7 @@ class Lease:
     def _announce_lost(self, cause: str) -> None:
         """Runs once per lease, in the thread that found the loss (usually the renewal thread): stop
         renewing, log, set the ``lost`` event, call ``on_lost`` (its exceptions are logged, not raised)."""
-        self._client._scheduler.cancel(self)
+        self._scheduler.cancel(self)
         _log.warning("lease lost: table=%s key=%r cause=%s", self.table, self.key, cause)
         with self._mutex:
             event = self._lost_event
@@ -672,7 +697,7 @@ class Lease:
         store errors back off exponentially. Never beyond the wait budget.
         """
         check_not_forked(self._pid)
-        self._client._scheduler.check_open()
+        self._scheduler.check_open()
         with self._mutex:
             if self.state != NEW:
                 raise RuntimeError("lease guards are single-use: create a new guard for each acquisition")
@@ -682,7 +707,7 @@ class Lease:
         deadline_ns = start_ns + self.wait_ms * _NS_PER_MS
         backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
         last_error: Optional[BaseException] = None
-        signals = self._client._release_signals
+        signals = self._signals
         acquired = False
         try:
             if self.wait_ms and signals.should_yield(self._cache_key, start_ns):
@@ -757,7 +782,7 @@ class Lease:
 
     def _wake_on_release(self) -> None:
         """The feed saw the key released somewhere: wake this client's oldest waiter on it."""
-        self._client._release_signals.notify(self._cache_key)
+        self._signals.notify(self._cache_key)
 
     def _fail_acquisition(self, start_ns: int) -> None:
         """The acquisition is abandoned (budget spent, error, interrupt): leave nothing behind."""
@@ -770,7 +795,7 @@ class Lease:
         if state == HELD:
             # Interrupted after the row was confirmed (say, KeyboardInterrupt while scheduling its
             # renewal): the caller never got the guard, so stop renewing and delete the row.
-            self._client._scheduler.cancel(self)
+            self._scheduler.cancel(self)
             self._delete_owned(self.owner, cleanup_budget_ns(self.lease_ms))
         elif pending is not None:
             # A put that may have committed: remove it if it did, so nobody waits a lease for it.
@@ -798,7 +823,7 @@ class Lease:
         self._row_seen = True
         owner, version, stored_lease_ms, _, waiting, _ = row
         now_ns = self._clock.monotonic_ns()
-        seen_ns = self._client._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
+        seen_ns = self._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
         remaining_ns = stored_lease_ms * _NS_PER_MS - seen_ns
         if remaining_ns > 0:
             self._hint_ns = remaining_ns
@@ -929,8 +954,8 @@ class Lease:
             self._hint_ns = 0
             return False
         if self._row_seen:  # only an acquisition that observed the key can have left a sighting
-            self._client._observations.forget(self._cache_key)
-        self._client._scheduler.schedule(self, mono_ns + renew_interval_ns(self.lease_ms))
+            self._observations.forget(self._cache_key)
+        self._scheduler.schedule(self, mono_ns + renew_interval_ns(self.lease_ms))
         return True
 
     # ---- renewal (renewal thread) ------------------------------------------------------------
@@ -1021,7 +1046,7 @@ class Lease:
                 self.state = RELEASING
             elif state != LOST:
                 raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[state]}")
-        self._client._scheduler.cancel(self)
+        self._scheduler.cancel(self)
         budget_ns = cleanup_budget_ns(self.lease_ms)
         try:
             deleted = self._delete_owned(self.owner, budget_ns, raise_on_failure=True)
@@ -1030,7 +1055,7 @@ class Lease:
                 if self.state == RELEASING:
                     self.state = RELEASED
         if deleted:
-            self._client._release_signals.released(self._cache_key, self._others_waiting, self._clock.monotonic_ns())
+            self._signals.released(self._cache_key, self._others_waiting, self._clock.monotonic_ns())
             return
         # The row was not ours any more: someone took over (or removed it). Fail closed.
         self.note_stolen()
@@ -1046,8 +1071,51 @@ class Lease:
             if self.state not in (HELD, LOST):
                 raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[self.state]}")
             self.state = RELEASED
-        self._client._scheduler.cancel(self)
-        self._client._release_signals.released(self._cache_key, False, self._clock.monotonic_ns())
+        self._scheduler.cancel(self)
+        self._signals.released(self._cache_key, False, self._clock.monotonic_ns())
+
+    def release_by_write(self, write: Callable[[float], bool], landed: Callable[[float], bool]) -> None:
+        """Release through the caller's own atomic write, conditioned on our ownership, that also
+        deletes the row (idempotency's completion stores its record and frees the key in one request).
+
+        ``write(timeout_s)`` sends it: True if applied, False if the row was not ours. After a write
+        whose outcome is unknown, ``landed(timeout_s)`` reads whether it did. The write is sent only
+        while the lease is valid (LockLost before any request otherwise); transient errors are retried
+        within the cleanup budget. The store refusing it raises LockLost (stolen); an outcome still
+        unknown at the end of the budget raises the last StoreError. On success: RELEASED, as after
+        ``released_by_store``.
+        """
+        check_not_forked(self._pid)
+        clock = self._clock
+        budget_ns = cleanup_budget_ns(self.lease_ms)
+        deadline_ns = clock.monotonic_ns() + budget_ns
+        backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
+        ambiguous = False
+        while True:
+            now_ns = clock.monotonic_ns()
+            try:
+                if ambiguous:
+                    self._reads += 1
+                    if landed(self._timeout_s(deadline_ns, now_ns)):
+                        break
+                    ambiguous = False
+                self.raise_if_lost()  # never write on a lapsed lease: a successor may be running
+                self._writes += 1
+                if write(self._timeout_s(deadline_ns, clock.monotonic_ns())):
+                    break
+                self._conditional_failures += 1
+                raise self.lost_to_store("the store refused the write that ends the lease")
+            except StoreError as failure:
+                self._request_failures += 1
+                _log.debug("final write of %r failed (maybe committed: %s): %s", self.key,
+                           failure.maybe_committed, failure)
+                ambiguous = ambiguous or failure.maybe_committed
+                if clock.monotonic_ns() + backoff_ns >= deadline_ns:
+                    self._cleanup_failures += 1
+                    raise
+            clock.wait(_NEVER_SET, backoff_ns / 1e9)
+            backoff_ns = min(backoff_ns * 2, POLL_INTERVAL_MS * 5 * _NS_PER_MS)
+        self.released_by_store()
 
     def _delete_owned(self, owner: Optional[str], budget_ns: int, raise_on_failure: bool = False) -> bool:
         """Delete the row if ``owner`` still holds it, retrying transient errors within the budget.
@@ -1117,24 +1185,27 @@ class RenewalScheduler:
         self._heap: list[tuple[int, int, Lease]] = []
         self._sequence = 0
         self._stale = 0
-        self._cond = threading.Condition(threading.Lock())
+        # A plain lock for the short sections (the hot path: schedule and cancel on every hold), and a
+        # condition on the same lock for the scheduler thread's timed waits (they release the GIL).
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._thread: Optional[threading.Thread] = None
         self._workers: Optional[ThreadPoolExecutor] = None  # made at the first dispatch
         self._closed = False
         self._manual = bool(clock.attach_scheduler(self))
-        # Lateness of renewals (start time minus due time), under _cond: count, max, total.
+        # Lateness of renewals (start time minus due time), under _mutex: count, max, total.
         self._late_count = 0
         self._late_max_ns = 0
         self._late_total_ns = 0
 
     def __len__(self) -> int:
         """Live scheduled renewals."""
-        with self._cond:
+        with self._mutex:
             return len(self._heap) - self._stale
 
     def heap_size(self) -> int:
         """Entries in the heap, stale ones included (they are compacted away as they accumulate)."""
-        with self._cond:
+        with self._mutex:
             return len(self._heap)
 
     def check_open(self) -> None:
@@ -1144,7 +1215,7 @@ class RenewalScheduler:
 
     def schedule(self, lease: Lease, due_ns: int) -> None:
         """Renew ``lease`` at ``due_ns`` (monotonic); starts the thread on first use."""
-        with self._cond:
+        with self._mutex:
             self.check_open()
             self._push_locked(lease, due_ns)
 
@@ -1164,7 +1235,7 @@ class RenewalScheduler:
             self._cond.notify()
 
     def cancel(self, lease: Lease) -> None:
-        with self._cond:
+        with self._mutex:
             if lease._renew_at_ns:
                 lease._renew_at_ns = 0
                 self._stale += 1
@@ -1175,7 +1246,7 @@ class RenewalScheduler:
 
     def next_due_ns(self) -> int:
         """Due time of the earliest live renewal, or 0 when none is scheduled."""
-        with self._cond:
+        with self._mutex:
             heap = self._heap
             while heap and heap[0][2]._renew_at_ns != heap[0][0]:
                 heapq.heappop(heap)
@@ -1200,7 +1271,7 @@ class RenewalScheduler:
 
     def lateness(self) -> tuple[int, int, int]:
         """(renewals started, max lateness ns, total lateness ns): how far behind their due times."""
-        with self._cond:
+        with self._mutex:
             return (self._late_count, self._late_max_ns, self._late_total_ns)
 
     def _renew(self, lease: Lease, now_ns: int) -> None:
@@ -1219,7 +1290,7 @@ class RenewalScheduler:
 
     def _reschedule(self, lease: Lease, next_ns: int) -> None:
         if next_ns:
-            with self._cond:
+            with self._mutex:
                 if not self._closed:
                     self._push_locked(lease, next_ns)
 
@@ -1228,7 +1299,7 @@ class RenewalScheduler:
         ran = 0
         while True:
             now_ns = self._clock.monotonic_ns()
-            with self._cond:
+            with self._mutex:
                 lease = self._pop_due(now_ns)
             if lease is None:
                 return ran
@@ -1238,7 +1309,7 @@ class RenewalScheduler:
     def _run(self) -> None:
         clock = self._clock
         while True:
-            with self._cond:
+            with self._mutex:
                 while True:
                     if self._closed:
                         self._thread = None
@@ -1256,7 +1327,7 @@ class RenewalScheduler:
 
     def close(self) -> None:
         """Stop the thread; held leases stop renewing and lapse locally at their validity."""
-        with self._cond:
+        with self._mutex:
             self._closed = True
             self._cond.notify_all()
         thread = self._thread
@@ -1264,3 +1335,29 @@ class RenewalScheduler:
             thread.join(timeout=10)
         if self._workers is not None:
             self._workers.shutdown(wait=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine's state per client
+# ---------------------------------------------------------------------------------------------
+class Engine:
+    """What the engine keeps once per client: the store adapter, the clock, the observation cache,
+    the renewal scheduler, the same-process release signals and the store's release feed. A client
+    makes one (``client.engine``), and every lease of the client reads it; nothing else of the client.
+    """
+
+    def __init__(self, store: Any, clock: Optional[Clock] = None, observations: Any = None) -> None:
+        self.pid = current_pid()  # using the client in a forked child raises RuntimeError
+        self.store = store
+        self.clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        # An ObservationCache of this engine, or a SharedObservationCache that wraps one.
+        self.observations = observations if observations is not None else ObservationCache()
+        self.scheduler = RenewalScheduler(self.clock)
+        self.signals = ReleaseSignals()
+        # Stores that can report releases made by other processes (Redis pub/sub) set this before
+        # the first lease; None means waiters poll.
+        self.release_feed: Any = None
+
+    def close(self) -> None:
+        """Stop renewing: held leases lapse locally at their validity; others recover their rows."""
+        self.scheduler.close()
