@@ -1,16 +1,20 @@
 """Idempotency keys on every store: exactly once under concurrent duplicates (threads and processes),
-crash and takeover, payload mismatch, TTL expiry, the failure policy, and DynamoDB transactions."""
+crash and takeover, payload mismatch, TTL expiry, the failure policy, DynamoDB transactions, and the
+package's layering."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
+import fastlease.idempotency as idempotency_package
 import mp_workers
 from fastlease import LockLost, MemoryClient, SQLiteClient, SyncDistributedLock
 from fastlease.idempotency import (
@@ -457,3 +461,51 @@ def test_a_completed_call_leaves_only_its_record(kind, request, tmp_path):
             assert again.replayed and again.result == {"order": "o-1"}
     finally:
         client.close()
+
+
+# ---- the package's layout ---------------------------------------------------------------------------------
+#: The modules of fastlease.idempotency by layer: each may import only modules of lower layers.
+LAYERS = {"exceptions": 0, "records": 0, "serialization": 0, "calls": 1, "decorator": 2, "__init__": 3, "fastapi": 4}
+
+
+def _package_imports(module: str) -> set[str]:
+    """The fastlease.idempotency modules that ``module`` imports, at the top or inside a function."""
+    directory = Path(idempotency_package.__file__).parent
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse((directory / f"{module}.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:  # only `from .x` reaches this package
+            names = [node.module] if node.module else [alias.name for alias in node.names]
+            imported |= {name.split(".")[0] if (directory / f"{name.split('.')[0]}.py").exists() else "__init__"
+                         for name in names}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            absolute = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if node.level == 0 else []
+            imported |= {name.split(".")[2] if name.count(".") >= 2 else "__init__"
+                         for name in absolute if name.startswith("fastlease.idempotency")}
+    return imported
+
+
+def test_the_package_modules_import_only_downwards():
+    assert {path.stem for path in Path(idempotency_package.__file__).parent.glob("*.py")} == set(LAYERS)
+    upward = {module: sorted(name for name in _package_imports(module) if LAYERS[name] >= LAYERS[module])
+              for module in LAYERS}
+    assert {module: names for module, names in upward.items() if names} == {}
+    assert _package_imports("calls") == {"exceptions", "records", "serialization"}
+
+
+def test_the_package_keeps_the_names_of_the_single_module():
+    assert idempotency_package.__all__ == [
+        "AsyncIdempotentCall", "IdempotencyError", "IdempotencyInProgress", "IdempotencyKeyMismatch",
+        "IdempotencyResultTooLarge", "IdempotentCall", "IdempotentCallFailed", "JSONSerializer", "Serializer",
+        "idempotent", "payload_fingerprint",
+    ]
+    from fastlease.idempotency import (  # noqa: F401 - importable, though not in __all__
+        COMPLETED,
+        DEFAULT_TTL,
+        FAILED,
+        JSON,
+        RETRY_AFTER_S,
+        WRITE_ATTEMPTS,
+        Record,
+        RetryOn,
+    )

@@ -43,14 +43,9 @@ from fastapi.routing import APIRoute
 
 from ..client import LeaseClient
 from ..lock import DEFAULT_LEASE_DURATION
-from . import (
-    DEFAULT_TTL,
-    AsyncIdempotentCall,
-    IdempotencyInProgress,
-    IdempotencyKeyMismatch,
-    IdempotentCall,
-    _CallSpec,
-)
+from .calls import AsyncIdempotentCall, IdempotentCall, _CallSpec
+from .exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
+from .records import DEFAULT_TTL
 
 __all__ = ["idempotent_route"]
 

@@ -1,0 +1,404 @@
+"""One idempotent call as a ``with`` or ``async with`` block: :class:`IdempotentCall` and
+:class:`AsyncIdempotentCall`, and ``_CallSpec``, the validated options that the decorator and the
+FastAPI routes share between their calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Optional, Type, Union, cast, overload
+
+from ..client import LeaseClient
+from ..exceptions import LockLost, LockNotAcquired, StoreError
+from ..lock import DEFAULT_LEASE_DURATION, SyncDistributedLock, check_client
+from .exceptions import (
+    IdempotencyError,
+    IdempotencyInProgress,
+    IdempotencyKeyMismatch,
+    IdempotencyResultTooLarge,
+    IdempotentCallFailed,
+)
+from .records import COMPLETED, DEFAULT_TTL, FAILED, RETRY_AFTER_S, Record
+from .serialization import JSON, Serializer, payload_fingerprint
+
+if TYPE_CHECKING:  # Python 3.9's typing has no Self; annotations are never evaluated at run time
+    from concurrent.futures import Future
+
+    from typing_extensions import Self
+
+__all__ = ["AsyncIdempotentCall", "IdempotentCall", "RetryOn", "WRITE_ATTEMPTS"]
+
+# The package's one logger, named for the package (docs/operations.md lists it under that name).
+_log = logging.getLogger("fastlease.idempotency")
+
+#: Attempts at writing a record when the store does not answer (the write is idempotent, so a
+#: retry after a timeout is safe); each is bounded by the lease's request timeout.
+WRITE_ATTEMPTS = 3
+
+#: ``retry_on``: an exception class, or a tuple of them.
+RetryOn = Union[type[BaseException], tuple[type[BaseException], ...]]
+
+
+@overload
+def _check_duration(name: str, value: Any, *, allow_none: Literal[False] = ..., allow_zero: bool = ...) -> float: ...
+@overload
+def _check_duration(name: str, value: Any, *, allow_none: bool, allow_zero: bool = ...) -> Optional[float]: ...
+def _check_duration(name: str, value: Any, *, allow_none: bool = False, allow_zero: bool = False) -> Optional[float]:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+            value < 0 or (value == 0 and not allow_zero) or value > 365 * 86_400:
+        raise ValueError(f"{name} must be a number of seconds in {'0' if allow_zero else '(0'}-1 year], "
+                         f"got {value!r}")
+    return float(value)
+
+
+def _check_retry_on(retry_on: Any) -> tuple[type[BaseException], ...]:
+    if isinstance(retry_on, type):
+        retry_on = (retry_on,)
+    if not isinstance(retry_on, tuple) or not all(isinstance(t, type) and issubclass(t, BaseException)
+                                                  for t in retry_on):
+        raise TypeError(f"retry_on must be an exception class or a tuple of them, got {retry_on!r}")
+    return retry_on
+
+
+_NO_PAYLOAD = object()
+
+
+class _CallSpec:
+    """What every call of one idempotent operation shares (validated once)."""
+
+    __slots__ = ("client", "store", "table", "lock_table", "lease_duration", "wait", "ttl", "serializer",
+                 "retry_on")
+
+    def __init__(self, client: LeaseClient, table: str, lock_table: Optional[str], lease_duration: float,
+                 wait: float, ttl: Optional[float], serializer: Serializer, retry_on: RetryOn) -> None:
+        check_client(client)
+        core = client.engine_module
+        self.client = client
+        self.store = client.store
+        if not hasattr(self.store, "finish_if_owner"):
+            raise TypeError(f"{type(client).__name__} has no idempotency records")
+        self.table = core.check_table(table)
+        self.lock_table = core.check_table(lock_table if lock_table is not None else f"{table}_locks")
+        if self.lock_table == self.table:
+            raise ValueError(f"the lock table and the record table must differ, both are {table!r}")
+        self.lease_duration = lease_duration
+        self.wait = _check_duration("wait", wait, allow_zero=True)
+        self.ttl = _check_duration("ttl", ttl, allow_none=True)
+        if not (callable(getattr(serializer, "dumps", None)) and callable(getattr(serializer, "loads", None))):
+            raise TypeError(f"serializer needs dumps(value) -> bytes and loads(bytes) -> value, got {serializer!r}")
+        self.serializer = serializer
+        self.retry_on = _check_retry_on(retry_on)
+
+
+class IdempotentCall:
+    """One idempotent call, as a ``with`` block (the decorator is built on it)::
+
+        with IdempotentCall(client, table="payments", key=f"payment:{key}", payload=body) as call:
+            if call.replayed:
+                return call.result              # the first call's result (or its failure, raised)
+            receipt = charge(body)
+            call.complete(receipt)              # stored only while our lease is still valid
+            return receipt
+
+    Leaving the block without ``complete`` stores ``None`` as the result; leaving it with an exception
+    applies the failure policy (``retry_on``). On DynamoDB the completion can join your own
+    transaction: ``call.check_in(tx)`` then ``call.complete_in(tx, result)``.
+
+    Options: ``payload`` (bytes or JSON data) is fingerprinted, or pass your own ``fingerprint`` (a str
+    of at most 256 characters), so that a key reused for another request is refused; ``lock_table``
+    holds the in-flight leases (default ``<table>_locks``); ``lease_duration`` (seconds) is their
+    lease; ``wait`` (seconds, 0 by default) is how long a duplicate waits for an in-flight call to end
+    (then replays its result, or runs if it stored none) before raising; ``ttl`` (seconds; None keeps
+    them) is how long records are kept; ``serializer`` turns results into bytes and back;
+    ``retry_on`` (an exception class or a tuple of them) are the failures that store nothing, so the
+    next call runs again.
+
+    Bad options raise TypeError or ValueError. Entering raises :class:`IdempotencyInProgress` (another
+    call with the key is running), :class:`IdempotencyKeyMismatch` (the key was used with another
+    payload) or :class:`IdempotentCallFailed` (a replayed terminal failure); storing the result raises
+    :class:`IdempotencyResultTooLarge`, or ``LockLost`` if the lease was taken over first (nothing is
+    stored then, and the call may run again).
+    """
+
+    def __init__(
+        self,
+        client: LeaseClient,
+        *,
+        table: str,
+        key: str,
+        payload: Any = _NO_PAYLOAD,
+        fingerprint: Optional[str] = None,
+        lock_table: Optional[str] = None,
+        lease_duration: float = DEFAULT_LEASE_DURATION,
+        wait: float = 0.0,
+        ttl: Optional[float] = DEFAULT_TTL,
+        serializer: Serializer = JSON,
+        retry_on: RetryOn = (Exception,),
+    ) -> None:
+        spec = _CallSpec(client, table, lock_table, lease_duration, wait, ttl, serializer, retry_on)
+        self._init(spec, key, _fingerprint(payload, fingerprint))
+
+    @classmethod
+    def _from_spec(cls, spec: _CallSpec, key: str, fingerprint: str) -> Self:
+        call = cls.__new__(cls)
+        call._init(spec, key, fingerprint)
+        return call
+
+    def _init(self, spec: _CallSpec, key: str, fingerprint: str) -> None:
+        self._spec = spec
+        self.key = spec.client.engine_module.check_key(key)
+        self.fingerprint = fingerprint
+        self._lock = SyncDistributedLock(spec.client, table=spec.lock_table, key=key,
+                                         lease_duration=spec.lease_duration, wait_timeout=spec.wait)
+        self.replayed = False
+        self.result: Any = None
+        self.state = "NEW"  # NEW -> PROCESSING -> COMPLETED | FAILED | RELEASED; or REPLAYED
+
+    def __repr__(self) -> str:
+        return f"<IdempotentCall table={self._spec.table!r} key={self.key!r} state={self.state.lower()}>"
+
+    # ---- steps (shared by the sync and async forms) --------------------------------------------
+    def _now_ms(self) -> int:
+        return int(self._spec.client.clock.time_ns() // 1_000_000)
+
+    def _lookup(self) -> bool:
+        """Read the record; True (and the call replayed) if there is a live one."""
+        spec = self._spec
+        record = spec.store.read_record(spec.table, self.key, self._timeout_s())
+        if record is None or (record.expires_at_ms and record.expires_at_ms <= self._now_ms()):
+            return False
+        if record.fingerprint and self.fingerprint and record.fingerprint != self.fingerprint:
+            raise IdempotencyKeyMismatch(
+                f"idempotency key {self.key!r} was used with a different payload", key=self.key
+            )
+        if record.state == COMPLETED:
+            self.result = spec.serializer.loads(record.result)
+        elif record.state == FAILED:
+            failure = json.loads(record.result.decode("utf-8"))
+            self.state = "REPLAYED"
+            self.replayed = True
+            raise IdempotentCallFailed(
+                f"the call with idempotency key {self.key!r} failed before: {failure['type']}: {failure['message']}",
+                key=self.key, error_type=failure["type"], error_message=failure["message"],
+            )
+        else:
+            raise IdempotencyError(f"idempotency record of {self.key!r} has unknown state {record.state!r}",
+                                   key=self.key)
+        self.state = "REPLAYED"
+        self.replayed = True
+        return True
+
+    def _in_progress(self) -> IdempotencyInProgress:
+        return IdempotencyInProgress(
+            f"a call with idempotency key {self.key!r} is in progress", key=self.key, retry_after=RETRY_AFTER_S
+        )
+
+    def _timeout_s(self) -> float:
+        return min(self._spec.lease_duration / 3, 5.0)
+
+    def _record(self, state: str, data: bytes) -> Record:
+        """The record this call stores: refused before anything is written if the store cannot hold it."""
+        spec = self._spec
+        limit = spec.store.max_result_bytes
+        if limit is not None and len(data) > limit:
+            raise IdempotencyResultTooLarge(
+                f"the result of {self.key!r} is {len(data):,} bytes serialised; {type(spec.client).__name__} "
+                f"records hold at most {limit:,}. Nothing was stored and the key is released",
+                key=self.key,
+            )
+        expires = self._now_ms() + int(spec.ttl * 1000) if spec.ttl is not None else 0
+        owner = cast(str, self._lock.owner)  # only called while the lease is held, so it has an owner
+        return Record(state, self.fingerprint, data, expires, owner)
+
+    def _write(self, state: str, data: bytes) -> None:
+        """Store the record and release the lease, in one atomic request conditioned on our lease;
+        LockLost if the lease is no longer ours (a successor may be running: we must not write)."""
+        spec = self._spec
+        lease = self._lock
+        record = self._record(state, data)
+        finished = False
+        for attempt in range(WRITE_ATTEMPTS):
+            lease.raise_if_lost()  # never write on a lapsed lease
+            try:
+                finished = spec.store.finish_if_owner(spec.lock_table, self.key, spec.table, record,
+                                                      self._now_ms(), self._timeout_s())
+                break
+            except StoreError as error:
+                if error.maybe_committed and self._finished_by_us(lease.owner):
+                    finished = True  # the ambiguous write did land: the record is ours, the row gone
+                    break
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise
+        if not finished:
+            lease._lease.note_stolen()
+            raise LockLost(
+                f"the lease on {self.key!r} was taken over before its result was stored: the call may run "
+                "again", key=self.key, cause="stolen",
+            )
+        lease._lease.released_by_store()
+        self.state = state
+
+    def _finished_by_us(self, owner: Optional[str]) -> bool:
+        """After an ambiguous finish: is the stored record the one we wrote?"""
+        try:
+            record = self._spec.store.read_record(self._spec.table, self.key, self._timeout_s())
+        except StoreError:
+            return False
+        return record is not None and record.owner == owner
+
+    def complete(self, result: Any) -> None:
+        """Store ``result`` as this call's outcome and release the key, in one atomic request made only
+        while the lease is ours. RuntimeError unless the call is in progress (once only); TypeError
+        if the serializer refuses ``result``; IdempotencyResultTooLarge; LockLost if the lease was lost."""
+        if self.state != "PROCESSING":
+            raise RuntimeError(f"complete() needs a call in progress, this one is {self.state.lower()}")
+        self._write(COMPLETED, self._spec.serializer.dumps(result))
+        self.result = result
+
+    def check_in(self, transaction: Any) -> None:
+        """Add this call's ownership check to your DynamoDB transaction (see ``complete_in``)."""
+        self._lock.check_in(transaction)
+
+    def complete_in(self, transaction: Any, result: Any) -> None:
+        """Add the COMPLETED record to your DynamoDB transaction, so that your writes and the
+        completion commit together (call ``check_in(transaction)`` too). Once the transaction has
+        committed, leaving the block only releases the lease."""
+        if self.state != "PROCESSING":
+            raise RuntimeError(f"complete_in() needs a call in progress, this one is {self.state.lower()}")
+        from ..stores.dynamodb import record_item
+
+        record = self._record(COMPLETED, self._spec.serializer.dumps(result))
+        transaction.put(self._spec.table, record_item(self.key, record))
+        self._transaction = transaction
+        self.result = result
+        self.state = "COMPLETING"
+
+    def _finish(self, exc: Optional[BaseException]) -> None:
+        """The block is over: record the outcome per the failure policy (the lease is still held)."""
+        if self.state == "COMPLETING":
+            if exc is None and getattr(self._transaction, "_committed", False):
+                self.state = COMPLETED
+            return
+        if self.state != "PROCESSING":
+            return
+        if exc is None:
+            self.complete(None)
+        elif isinstance(exc, Exception) and not isinstance(exc, self._spec.retry_on):
+            failure = {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": str(exc)}
+            self._write(FAILED, json.dumps(failure).encode("utf-8"))
+
+    # ---- the sync form ----------------------------------------------------------------------
+    def __enter__(self) -> Self:
+        if self.state != "NEW":
+            raise RuntimeError("idempotent calls are single-use: create one per call")
+        if self._lookup():
+            return self
+        try:
+            self._lock.__enter__()
+        except LockNotAcquired:
+            if self._spec.wait and self._lookup():  # the first call finished while we waited
+                return self
+            raise self._in_progress() from None
+        try:
+            if self._lookup():  # completed between our read and our lease
+                self._lock.__exit__(None, None, None)
+                return self
+        except BaseException:
+            self._lock.__exit__(None, None, None)
+            raise
+        self.state = "PROCESSING"
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        if self.replayed:
+            return
+        try:
+            self._finish(exc)
+        finally:
+            self._release(exc)
+
+    def _release(self, exc: Optional[BaseException]) -> None:
+        if self.state in (COMPLETED, FAILED) and self._lock.state == "released":
+            return  # the record's write released the lease too
+        recorded = self.state in (COMPLETED, FAILED)
+        if self.state == "PROCESSING" or self.state == "COMPLETING":
+            self.state = "RELEASED"
+        try:
+            self._lock.__exit__(type(exc) if exc else None, exc, None)
+        except LockLost:
+            if not recorded:
+                raise
+            # The outcome is stored: whoever holds the key now reads it and replays it.
+            _log.debug("lease on %r lost after its record was stored", self.key)
+
+
+class AsyncIdempotentCall:
+    """``async with`` form of :class:`IdempotentCall`, with the same arguments: each step runs on the
+    client's worker threads (as the async lock's do); ``await call.complete(result)``. Cancelled
+    while entering, the call is abandoned: a lease it may have taken meanwhile is released."""
+
+    def __init__(self, client: LeaseClient, **options: Any) -> None:
+        self._call = IdempotentCall(client, **options)
+
+    @classmethod
+    def _wrap(cls, call: IdempotentCall) -> Self:
+        wrapper = cls.__new__(cls)
+        wrapper._call = call
+        return wrapper
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._call, name)
+
+    def _client(self) -> LeaseClient:
+        return self._call._spec.client
+
+    async def __aenter__(self) -> Self:
+        from ..aio import _run, _shielded
+
+        entering = _run(self._client(), self._call.__enter__)
+        try:
+            await _shielded(entering)
+        except asyncio.CancelledError:
+            self._call._lock._lease.cancel()
+            entering.add_done_callback(self._abandon)
+            raise
+        return self
+
+    def _abandon(self, entering: Future[IdempotentCall]) -> None:
+        """A cancelled entry finished anyway: release what it took, storing nothing."""
+        from ..aio import _consume, _run
+
+        if entering.cancelled() or entering.exception() is not None or self._call.replayed:
+            return
+        cancelled = asyncio.CancelledError()
+        _run(self._client(), self._call.__exit__, type(cancelled), cancelled, None, short=True).add_done_callback(
+            _consume)
+
+    async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                        tb: Optional[TracebackType]) -> None:
+        from ..aio import _run, _shielded
+
+        await _shielded(_run(self._client(), self._call.__exit__, exc_type, exc, tb, short=True))
+
+    async def complete(self, result: Any) -> None:
+        """Store ``result`` as this call's outcome, as :meth:`IdempotentCall.complete` does (on a worker
+        thread; a cancellation does not interrupt the write)."""
+        from ..aio import _run, _shielded
+
+        await _shielded(_run(self._client(), self._call.complete, result, short=True))
+
+
+def _fingerprint(payload: Any, fingerprint: Optional[str]) -> str:
+    if fingerprint is not None:
+        if payload is not _NO_PAYLOAD:
+            raise TypeError("pass payload= or fingerprint=, not both")
+        if not isinstance(fingerprint, str) or len(fingerprint) > 256:
+            raise TypeError(f"fingerprint must be a str of at most 256 characters, got {fingerprint!r:.80}")
+        return fingerprint
+    return "" if payload is _NO_PAYLOAD else payload_fingerprint(payload)
