@@ -505,7 +505,6 @@ def test_the_package_keeps_the_names_of_the_single_module():
         FAILED,
         JSON,
         RETRY_AFTER_S,
-        WRITE_ATTEMPTS,
         Record,
         RetryOn,
     )

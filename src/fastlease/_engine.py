@@ -644,6 +644,11 @@ class Lease:
         return self._client
 
     @property
+    def request_timeout_s(self) -> float:
+        """The bound on each request of this lease (s): the engine's rule, min(lease/3, 5 s)."""
+        return request_timeout_ns(self.lease_ms) / 1e9
+
+    @property
     def state_name(self) -> str:
         return STATE_NAMES[self.state]
 

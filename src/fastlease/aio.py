@@ -108,12 +108,11 @@ class DistributedLock:
         return lock
 
     async def __aenter__(self) -> SyncDistributedLock:
-        lease = self._guard._lease
-        acquiring = _run(lease.client, self._guard.__enter__)
+        acquiring = _run(self._guard.client, self._guard.__enter__)
         try:
             await _shielded(acquiring)
         except asyncio.CancelledError:
-            lease.cancel()
+            self._guard.cancel()
             acquiring.add_done_callback(self._release_if_acquired)
             raise
         return self._guard
@@ -122,7 +121,7 @@ class DistributedLock:
         """After a cancelled acquisition finishes: release what it may have acquired, off the loop."""
         if acquiring.cancelled() or acquiring.exception() is not None:
             return  # not acquired (the engine already cleaned up)
-        _run(self._guard._lease.client, self._guard.__exit__, None, None, None, short=True).add_done_callback(
+        _run(self._guard.client, self._guard.__exit__, None, None, None, short=True).add_done_callback(
             _consume)
 
     async def __aexit__(
@@ -131,10 +130,5 @@ class DistributedLock:
         exc: Optional[BaseException],
         traceback: Optional[TracebackType],
     ) -> None:
-        client = self._guard._lease.client
-        if not client.store.blocking:
-            # A store whose requests cannot block (the in-memory one) releases right here: a release
-            # never waits for contention, so the event loop is not held up, and no thread hop is paid.
-            return self._guard.__exit__(exc_type, exc, traceback)
         # Cancelling here leaves the release running; _shielded retrieves its outcome.
-        await _shielded(_run(client, self._guard.__exit__, exc_type, exc, traceback, short=True))
+        await _shielded(_run(self._guard.client, self._guard.__exit__, exc_type, exc, traceback, short=True))

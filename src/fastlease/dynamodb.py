@@ -333,6 +333,11 @@ class SyncTransaction:
         self._lock_checks[(table, key)] = (len(self._items) - 1, lease)
 
     # ---- committing ----------------------------------------------------------------------------
+    @property
+    def committed(self) -> bool:
+        """True once ``commit()`` has run (its request sent, or nothing to send)."""
+        return self._committed
+
     def commit(self) -> None:
         """Send TransactWriteItems (nothing is sent for an empty transaction)."""
         if self._committed:

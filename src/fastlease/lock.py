@@ -169,11 +169,36 @@ class SyncDistributedLock:
         except (FastleaseError, RuntimeError) as cleanup_error:
             attach_cleanup_error(exc, cleanup_error)
 
+    def cancel(self) -> None:
+        """Give up an acquisition in progress, from any thread: its wait stops at its next step and it
+        raises LockNotAcquired; a write confirmed after this is deleted, never held. No effect once the
+        lease is held (release it instead)."""
+        self._lease.cancel()
+
+    def release_by_write(self, write: Callable[[float], bool], landed: Callable[[float], bool]) -> None:
+        """End the lease with your own atomic write, conditioned on this lease's owner, that also deletes
+        the lease row (idempotency's completion does this). ``write(timeout_s)`` returns True if applied,
+        False if the row was not ours; ``landed(timeout_s)`` says whether a write of unknown outcome did
+        land. The engine sends it only while the lease is valid and retries it within the cleanup
+        budget. LockLost if the lease is not ours (nothing may then be written)."""
+        self._lease.release_by_write(write, landed)
+
     # ---- the lease as seen by the block ---------------------------------------------------------
+    @property
+    def client(self) -> LeaseClient:
+        """The client this lease belongs to."""
+        client: LeaseClient = self._lease.client
+        return client
+
     @property
     def key(self) -> str:
         """The resolved lease key."""
         return str(self._lease.key)
+
+    @property
+    def request_timeout(self) -> float:
+        """The bound on each of this lease's requests, in seconds: min(lease/3, 5 s)."""
+        return float(self._lease.request_timeout_s)
 
     @property
     def table(self) -> str:

@@ -31,7 +31,6 @@ The package is split by job, each module importing only those listed before it: 
 
 from __future__ import annotations
 
-from .calls import WRITE_ATTEMPTS as WRITE_ATTEMPTS
 from .calls import AsyncIdempotentCall, IdempotentCall
 from .calls import RetryOn as RetryOn
 from .decorator import idempotent

@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Optional, Type, Union, cast, overload
 
 from ..client import LeaseClient
-from ..exceptions import LockLost, LockNotAcquired, StoreError
+from ..exceptions import LockLost, LockNotAcquired
 from ..lock import DEFAULT_LEASE_DURATION, SyncDistributedLock, check_client
 from .exceptions import (
     IdempotencyError,
@@ -29,14 +29,10 @@ if TYPE_CHECKING:  # Python 3.9's typing has no Self; annotations are never eval
 
     from typing_extensions import Self
 
-__all__ = ["AsyncIdempotentCall", "IdempotentCall", "RetryOn", "WRITE_ATTEMPTS"]
+__all__ = ["AsyncIdempotentCall", "IdempotentCall", "RetryOn"]
 
 # The package's one logger, named for the package (docs/operations.md lists it under that name).
 _log = logging.getLogger("fastlease.idempotency")
-
-#: Attempts at writing a record when the store does not answer (the write is idempotent, so a
-#: retry after a timeout is safe); each is bounded by the lease's request timeout.
-WRITE_ATTEMPTS = 3
 
 #: ``retry_on``: an exception class, or a tuple of them.
 RetryOn = Union[type[BaseException], tuple[type[BaseException], ...]]
@@ -199,7 +195,7 @@ class IdempotentCall:
         )
 
     def _timeout_s(self) -> float:
-        return min(self._spec.lease_duration / 3, 5.0)
+        return self._lock.request_timeout
 
     def _record(self, state: str, data: bytes) -> Record:
         """The record this call stores: refused before anything is written if the store cannot hold it."""
@@ -216,40 +212,23 @@ class IdempotentCall:
         return Record(state, self.fingerprint, data, expires, owner)
 
     def _write(self, state: str, data: bytes) -> None:
-        """Store the record and release the lease, in one atomic request conditioned on our lease;
-        LockLost if the lease is no longer ours (a successor may be running: we must not write)."""
+        """Store the record and release the lease, in one atomic request conditioned on our lease. The
+        engine sends it only while the lease is valid, retries it and reconciles an unknown outcome;
+        LockLost if the lease is no longer ours (a successor may be running: nothing is stored)."""
         spec = self._spec
-        lease = self._lock
         record = self._record(state, data)
-        finished = False
-        for attempt in range(WRITE_ATTEMPTS):
-            lease.raise_if_lost()  # never write on a lapsed lease
-            try:
-                finished = spec.store.finish_if_owner(spec.lock_table, self.key, spec.table, record,
-                                                      self._now_ms(), self._timeout_s())
-                break
-            except StoreError as error:
-                if error.maybe_committed and self._finished_by_us(lease.owner):
-                    finished = True  # the ambiguous write did land: the record is ours, the row gone
-                    break
-                if attempt == WRITE_ATTEMPTS - 1:
-                    raise
-        if not finished:
-            lease._lease.note_stolen()
-            raise LockLost(
-                f"the lease on {self.key!r} was taken over before its result was stored: the call may run "
-                "again", key=self.key, cause="stolen",
-            )
-        lease._lease.released_by_store()
-        self.state = state
 
-    def _finished_by_us(self, owner: Optional[str]) -> bool:
-        """After an ambiguous finish: is the stored record the one we wrote?"""
-        try:
-            record = self._spec.store.read_record(self._spec.table, self.key, self._timeout_s())
-        except StoreError:
-            return False
-        return record is not None and record.owner == owner
+        def write(timeout_s: float) -> bool:
+            return bool(spec.store.finish_if_owner(spec.lock_table, self.key, spec.table, record,
+                                                   self._now_ms(), timeout_s))
+
+        def landed(timeout_s: float) -> bool:
+            # The completion is atomic: our record stored means our row is gone too.
+            stored = spec.store.read_record(spec.table, self.key, timeout_s)
+            return stored is not None and stored.owner == record.owner
+
+        self._lock.release_by_write(write, landed)
+        self.state = state
 
     def complete(self, result: Any) -> None:
         """Store ``result`` as this call's outcome and release the key, in one atomic request made only
@@ -281,7 +260,7 @@ class IdempotentCall:
     def _finish(self, exc: Optional[BaseException]) -> None:
         """The block is over: record the outcome per the failure policy (the lease is still held)."""
         if self.state == "COMPLETING":
-            if exc is None and getattr(self._transaction, "_committed", False):
+            if exc is None and getattr(self._transaction, "committed", False):
                 self.state = COMPLETED
             return
         if self.state != "PROCESSING":
@@ -365,7 +344,7 @@ class AsyncIdempotentCall:
         try:
             await _shielded(entering)
         except asyncio.CancelledError:
-            self._call._lock._lease.cancel()
+            self._call._lock.cancel()
             entering.add_done_callback(self._abandon)
             raise
         return self
