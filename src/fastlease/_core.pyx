@@ -81,7 +81,7 @@ FAILED = FAILED_
 STATE_NAMES = ("new", "acquiring", "held", "releasing", "released", "lost", "failed")
 
 
-# ---- timing rules (lock-contract.md §3) -------------------------------------------------------
+# ---- timing rules (docs/protocol.md, "Timeouts and budgets") ----------------------------------
 cpdef int64_t validity_ns(int64_t lease_ms):
     """Ownership stays valid for 90% of the lease, counted from the stamp taken before the write."""
     return lease_ms * 900_000

@@ -34,7 +34,7 @@ IMPLEMENTATION = "py"
 _log = logging.getLogger("fastlease.engine")
 
 # ---------------------------------------------------------------------------------------------
-# Limits and timing rules of the contract (lock-contract.md §1-§3). All derived timings are here.
+# Limits and timing rules (docs/protocol.md, "Limits" and "Timeouts and budgets"). All derived timings are here.
 # ---------------------------------------------------------------------------------------------
 PROTOCOL_V1 = 1
 MIN_LEASE_MS = 100
