@@ -1,9 +1,11 @@
-"""The ``fastlease`` command, run as a separate process (``python -m fastlease``), output and exit codes."""
+"""The ``fastlease`` command, run as a separate process (``python -m fastlease``), output and exit codes;
+and the one store factory that the inspecting commands and the demo share."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -11,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from fastlease import SQLiteClient, SyncDistributedLock
+from fastlease import SQLiteClient, SyncDistributedLock, cli, demo
+from fastlease._store_factory import StoreOptions, client_from_options
 from fastlease.exceptions import LockLost
+from fastlease.stores.memory import MemoryClient, MemoryStore
 
 TIMEOUT_S = 120  # bound for one command (the demo included)
 
@@ -183,3 +187,114 @@ def test_create_table_status_and_list_on_dynamodb(tmp_path, moto_endpoint, moto_
 
 def test_a_read_only_lock_file_is_one_line_error(tmp_path, read_only_file):
     one_line_error(fastlease("list", "--table", "locks", "--path", str(read_only_file), cwd=tmp_path), "ro.db")
+
+
+# ---- one store factory for the command and the demo -------------------------------------------------
+CLIENT_CLASSES = re.compile(r"\b(SQLite|DynamoDB|Redis|Memory)Client\(")
+
+
+def test_the_command_and_the_demo_build_no_client_of_their_own():
+    """A second way to build a client could give an option another meaning: there is only the factory."""
+    for module in (cli, demo):
+        source = Path(module.__file__).read_text(encoding="utf-8")
+        assert not CLIENT_CLASSES.findall(source), f"{module.__name__} builds a client itself; use client_from_options"
+
+
+def error_of(capsys, *argv: str) -> str:
+    """Run the command in this process; return its one-line error without the command's prefix."""
+    assert cli.main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    prefix = f"fastlease {argv[0]}: error: "
+    assert captured.err.startswith(prefix), captured.err
+    return captured.err[len(prefix):]
+
+
+@pytest.mark.parametrize("options, expected", [
+    (["--store", "nope"], "unknown store 'nope'; pass --store sqlite, dynamodb, redis or memory"),
+    (["--store", "redis", "--url", "http://x"], "bad Redis URL 'http://x'"),
+    (["--store", "redis", "--url", "redis://127.0.0.1:port/0"], "bad Redis URL"),
+], ids=["unknown-store", "redis-scheme", "redis-port"])
+def test_the_command_and_the_demo_reject_a_bad_option_with_one_message(tmp_path, monkeypatch, capsys, options,
+                                                                       expected):
+    monkeypatch.chdir(tmp_path)
+    listed = error_of(capsys, "list", "--table", demo.TABLE, *options)
+    assert expected in listed
+    assert error_of(capsys, "demo", *options) == listed
+
+
+@pytest.mark.parametrize("store, library, extra", [("dynamodb", "boto3", "dynamodb"), ("redis", "redis", "redis")])
+def test_a_missing_client_library_is_named_alike_with_its_install(tmp_path, monkeypatch, capsys, store, library,
+                                                                  extra):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, library, None)  # as if not installed: importing it raises ImportError
+    message = error_of(capsys, "list", "--table", "locks", "--store", store)
+    assert message == error_of(capsys, "demo", "--store", store)  # before the demo starts any server
+    assert f"--store {store} needs " in message and f"pip install 'fastlease[{extra}]'" in message
+    if store == "dynamodb":
+        assert error_of(capsys, "create-table", "locks") == message
+
+
+def both_ways(argv: list[str]) -> tuple[StoreOptions, StoreOptions]:
+    """The options ``list`` uses, and those ``demo`` hands its workers, for the same store options."""
+    command = cli.store_options(cli._parser().parse_args(["list", "--table", demo.TABLE, *argv]))
+    cleanup: list = []
+    try:
+        prepared = demo.prepare_store(cli.store_options(cli._parser().parse_args(["demo", *argv])), cleanup,
+                                      say=lambda line: None)
+    finally:
+        for step in reversed(cleanup):
+            step()
+    return command, prepared
+
+
+def assert_same_client(command: StoreOptions, prepared: StoreOptions, expected: type) -> None:
+    built = [client_from_options(command, must_exist=True, shared_observations=True), client_from_options(prepared)]
+    try:
+        assert [type(client) for client in built] == [expected, expected]
+    finally:
+        for client in built:
+            client.close()
+
+
+def test_the_command_and_the_demo_give_sqlite_options_one_meaning(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = str(tmp_path / "locks.db")
+    command, prepared = both_ways(["--path", path])
+    assert command == prepared == StoreOptions("sqlite", path=path)
+    assert_same_client(command, prepared, SQLiteClient)
+
+
+def test_the_command_and_the_demo_give_redis_options_one_meaning(tmp_path, monkeypatch, redis_url):
+    from fastlease.stores.redis import RedisClient
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    command, prepared = both_ways(["--store", "redis", "--url", redis_url])
+    assert command == prepared == StoreOptions("redis", url=redis_url)
+    assert_same_client(command, prepared, RedisClient)
+    monkeypatch.setenv("FASTLEASE_REDIS_URL", redis_url)  # --url's default, for the demo too
+    command, prepared = both_ways(["--store", "redis"])
+    assert prepared == StoreOptions("redis", url=redis_url) and command == StoreOptions("redis")
+    assert_same_client(command, prepared, RedisClient)
+
+
+def test_the_command_and_the_demo_give_dynamodb_options_one_meaning(tmp_path, monkeypatch, moto_endpoint):
+    from fastlease.stores.dynamodb import DynamoDBClient
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    command, prepared = both_ways(["--store", "dynamodb", "--endpoint-url", moto_endpoint, "--region", "us-east-1"])
+    assert command == prepared == StoreOptions("dynamodb", endpoint_url=moto_endpoint, region="us-east-1")
+    assert_same_client(command, prepared, DynamoDBClient)
+
+
+def test_memory_is_the_demos_alone_and_its_workers_share_one_store(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert "lives inside one process" in error_of(capsys, "list", "--table", "locks", "--store", "memory")
+    store = MemoryStore()
+    client = client_from_options(StoreOptions("memory"), memory_store=store)
+    try:
+        assert isinstance(client, MemoryClient) and client.store is store
+    finally:
+        client.close()

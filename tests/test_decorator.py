@@ -1,4 +1,5 @@
-"""The decorator (§1): preserves the function, never retries, rejects generators, no requests early."""
+"""The decorator (README.md, "The decorator and the async forms"): preserves the function, never
+retries, rejects generators, no requests early."""
 
 from __future__ import annotations
 

@@ -313,3 +313,49 @@ def test_protocol_scripts_and_statements_are_quoted_verbatim(block: Block) -> No
     """docs/protocol.md quotes the Redis scripts and SQLite statements: each must still be in the store."""
     source = QUOTED_SOURCES[block.language].read_text(encoding="utf-8")
     assert block.code.strip() in source, f"{block.id} no longer matches {QUOTED_SOURCES[block.language].name}"
+
+
+# ---- the repository cites only itself ------------------------------------------------------------
+#: Citations of what lies outside the repository: the old homes of the protocol's rules and of the
+#: reference library's examples (spelled in pieces, so this file does not cite them itself), and the
+#: numbered sections of that outside contract. The rules are stated in docs/protocol.md: cite its
+#: section by name instead.
+OUTSIDE_CITATIONS = re.compile("|".join(
+    [re.escape(".." + "/shared"), re.escape("lock" + "-contract"), re.escape("seeds" + "/"), "\u00a7"]))
+CITING_PATHS = ("src", "tests", "docs", "bench", "wheels", "README.md")
+
+
+def _citing_files() -> list[Path]:
+    """The tracked files under CITING_PATHS; without a git checkout (the wheel's copy of the tests and
+    docs), the files present there."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", *CITING_PATHS], cwd=ROOT, capture_output=True,
+                                text=True, timeout=60)
+    except OSError:  # no git on the machine
+        listed = None
+    if listed is not None and listed.returncode == 0 and listed.stdout:
+        return [ROOT / name for name in listed.stdout.split("\0") if name]
+    files = []
+    for name in CITING_PATHS:
+        path = ROOT / name
+        if path.is_file():
+            files.append(path)
+        elif path.is_dir():
+            files.extend(p for p in sorted(path.rglob("*")) if p.is_file() and "__pycache__" not in p.parts)
+    return files
+
+
+def test_nothing_cites_a_file_outside_the_repository() -> None:
+    files = _citing_files()
+    assert ROOT / "README.md" in files and ROOT / "tests" / "test_docs.py" in files, files[:5]
+    found = []
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):  # a binary file, or one deleted but still tracked
+            continue
+        for number, line in enumerate(text.splitlines(), start=1):
+            match = OUTSIDE_CITATIONS.search(line)
+            if match:
+                found.append(f"{path.relative_to(ROOT)}:L{number} ({match.group(0)})")
+    assert not found, "cite docs/protocol.md and its section by name instead: " + "; ".join(found)

@@ -38,6 +38,8 @@ DEFINING_MODULES = (
     "fastlease.dynamodb",
     "fastlease.observations",
     "fastlease.cli",
+    "fastlease._store_factory",
+    "fastlease.demo",
     "fastlease.testing_redis",
     "fastlease.testing_moto",
 )

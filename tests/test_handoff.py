@@ -1,6 +1,6 @@
-"""Handoff (§5.2): same-process waiters are served first-come first-served and woken at once on
-release; a client that has had to wait for a key, or whose row a waiting contender marked, gives
-others the next turn after releasing it."""
+"""Handoff (docs/protocol.md, "Waiting, polling and handoff"): same-process waiters are served
+first-come first-served and woken at once on release; a client that has had to wait for a key, or
+whose row a waiting contender marked, gives others the next turn after releasing it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Key templates (contract §2): parsing, framing, limits and binding to call arguments."""
+"""Key templates (README.md, "The decorator and the async forms"; docs/protocol.md, "Limits"): parsing,
+framing, limits and binding to call arguments."""
 
 from __future__ import annotations
 

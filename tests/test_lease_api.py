@@ -1,4 +1,5 @@
-"""The guard's contract (§1, §4): arguments, single use, metrics, states, errors."""
+"""The guard's contract (docs/protocol.md, "The state machine" and "Limits"): arguments, single use,
+metrics, states, errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The lease-lost signal (§5.3) and max_hold (§5.4): causes, on_lost once, the lost event."""
+"""The lease-lost signal and max_hold (docs/protocol.md, "Renewal"): causes, on_lost once, the lost event."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Ambiguous writes (§3): a timed-out or dropped write is reconciled by a consistent read; late
-successes never revive a guard; transient errors while waiting are retried inside the budget."""
+"""Ambiguous writes (docs/protocol.md, "Reconciliation of a write whose outcome is unknown"): a
+timed-out or dropped write is reconciled by a consistent read; late successes never revive a guard;
+transient errors while waiting are retried inside the budget."""
 
 from __future__ import annotations
 

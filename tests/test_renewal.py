@@ -1,4 +1,5 @@
-"""Renewal (§3): every lease/3 from one thread per client; validity on both clocks; loss detection."""
+"""Renewal (docs/protocol.md, "Renewal" and "Validity"): every lease/3 from one thread per client;
+validity on both clocks; loss detection."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The reference documentation's examples (../shared/seeds/pydynox-lock-docs.txt), run against the
-serialised moto server with only their imports and client construction changed."""
+"""The reference library's documented usage patterns (pydynox's distributed lock: async workers that
+coordinate customer work, a sync section whose transaction checks ownership, the table helpers), run
+against the serialised moto server with only their imports and client construction changed."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The host-wide observation cache (§5.6): fresh clients recover an abandoned lease within about a
-lease, which per-client observations never allow; anything unusable falls back safely."""
+"""The host-wide observation cache (docs/protocol.md, "Observation and takeover"): fresh clients
+recover an abandoned lease within about a lease, which per-client observations never allow; anything
+unusable falls back safely."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Takeover by observation (§3): only after this client saw the same row unchanged for its lease."""
+"""Takeover by observation (docs/protocol.md, "Observation and takeover"): only after this client saw
+the same row unchanged for its lease."""
 
 from __future__ import annotations
 

@@ -46,7 +46,8 @@ __all__ = ["check_table", "new_token"]  # re-exported for the layers above; the 
 _log = logging.getLogger("fastlease.engine")
 
 # ---------------------------------------------------------------------------------------------
-# Limits and timing rules (docs/protocol.md, "Limits" and "Timing rules"). All derived timings are here.
+# Limits and timing rules (docs/protocol.md, "Limits" and "Timeouts and budgets"). All derived
+# timings are here.
 # ---------------------------------------------------------------------------------------------
 PROTOCOL_V1 = 1
 MIN_LEASE_MS = 100

@@ -8,27 +8,40 @@
 
 Store options: ``--store sqlite`` (the default; ``--path``, default ``./fastlease.db``), ``--store
 dynamodb`` (``--endpoint-url``, ``--region``; credentials from the usual AWS chain) or ``--store redis``
-(``--url``, default ``$FASTLEASE_REDIS_URL`` or ``redis://127.0.0.1:6379/0``). Every command
-takes ``--json``. User errors print one line and exit 1 (2 for a bad command line), never a traceback;
-nothing is deleted without ``--force``.
+(``--url``, default ``$FASTLEASE_REDIS_URL`` or ``redis://127.0.0.1:6379/0``). The demo takes the same
+options, built into a client by the same factory (``_store_factory.py``); where one is left out, it
+makes a temporary file or starts a server of its own. Every command takes ``--json``. User errors
+print one line and exit 1 (2 for a bad command line), never a traceback; nothing is deleted without
+``--force``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sqlite3
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, cast
 
+from . import demo
+from ._store_factory import (
+    DEFAULT_REDIS_URL,
+    DEFAULT_SQLITE_PATH,
+    REDIS_URL_VARIABLE,
+    STORES,
+    StoreOptions,
+    client_from_options,
+)
+from .client import LeaseClient
 from .exceptions import FastleaseError
 from .stores.base import NO_USAGE
 
-DEFAULT_SQLITE_PATH = "fastlease.db"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-REDIS_URL_VARIABLE = "FASTLEASE_REDIS_URL"
+if TYPE_CHECKING:  # annotations only: boto3's client is imported when --store dynamodb is chosen
+    from .dynamodb import DynamoDBClient
+
+#: The stores the inspecting commands can reach: a memory store lives inside one process.
+INSPECTABLE = tuple(store for store in STORES if store != "memory")
 
 
 class UserError(Exception):
@@ -39,13 +52,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastlease", description="Distributed leases: inspect, operate, demo.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def store_options(command: argparse.ArgumentParser, stores: Sequence[str]) -> None:
+    def add_store_options(command: argparse.ArgumentParser, stores: Sequence[str]) -> None:
         command.add_argument("--store", default="sqlite", help=f"one of {', '.join(stores)} (default sqlite)")
         command.add_argument("--path", help=f"SQLite file (default ./{DEFAULT_SQLITE_PATH}; demo: a temporary one)")
-        command.add_argument("--endpoint-url", help="DynamoDB endpoint (default: the AWS configuration)")
-        command.add_argument("--region", help="DynamoDB Region (default: the AWS configuration)")
-        command.add_argument("--url", help=f"Redis URL (default ${REDIS_URL_VARIABLE} or {DEFAULT_REDIS_URL}; "
-                                           "demo: a local redis-server it starts)")
+        command.add_argument("--endpoint-url", help="DynamoDB endpoint (default: the AWS configuration; demo: a "
+                                                    "local moto server it starts)")
+        command.add_argument("--region", help="DynamoDB Region (default: the AWS configuration; demo without "
+                                              f"--endpoint-url: {demo.MOTO_REGION})")
+        command.add_argument("--url", help=f"Redis URL (default ${REDIS_URL_VARIABLE}, else {DEFAULT_REDIS_URL}; "
+                                           "demo: else a local redis-server it starts)")
         command.add_argument("--json", action="store_true", help="print JSON")
 
     create = commands.add_parser("create-table", help="create a DynamoDB lock table")
@@ -57,59 +72,42 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="who holds a key, and since when this host has seen it unchanged")
     status.add_argument("key")
     status.add_argument("--table", required=True)
-    store_options(status, ("sqlite", "dynamodb", "redis"))
+    add_store_options(status, INSPECTABLE)
 
     listing = commands.add_parser("list", help="the held keys of a table")
     listing.add_argument("--table", required=True)
-    store_options(listing, ("sqlite", "dynamodb", "redis"))
+    add_store_options(listing, INSPECTABLE)
 
     release = commands.add_parser("release", help="remove a lock row (only with --force)")
     release.add_argument("key")
     release.add_argument("--table", required=True)
     release.add_argument("--force", action="store_true", help="really remove the row printed")
-    store_options(release, ("sqlite", "dynamodb", "redis"))
+    add_store_options(release, INSPECTABLE)
 
-    demo = commands.add_parser("demo", help="worker processes contend on customer keys; one holder is killed")
-    demo.add_argument("--workers", type=int, default=4)
-    demo.add_argument("--seconds", type=float, default=10.0)
-    store_options(demo, ("sqlite", "dynamodb", "redis", "memory"))
+    demo_command = commands.add_parser("demo", help="worker processes contend on customer keys; one holder is killed")
+    demo_command.add_argument("--workers", type=int, default=4)
+    demo_command.add_argument("--seconds", type=float, default=10.0)
+    add_store_options(demo_command, STORES)
     return parser
 
 
-def _client(args: argparse.Namespace) -> Any:
-    if args.store == "sqlite":
-        from .sqlite import SQLiteClient
-
-        path = args.path or DEFAULT_SQLITE_PATH
-        if not os.path.exists(path):
-            raise UserError(f"no SQLite lock file at {path!r} (nothing has used it yet; pass --path)")
-        return SQLiteClient(path, shared_observations=True)
-    if args.store == "dynamodb":
-        return _dynamodb(args)
-    if args.store == "redis":
-        try:
-            from .redis import RedisClient
-
-            return RedisClient(args.url or os.environ.get(REDIS_URL_VARIABLE) or DEFAULT_REDIS_URL,
-                               shared_observations=True)
-        except ImportError:
-            raise UserError("Redis needs redis-py: pip install 'fastlease[redis]'") from None
-    if args.store == "memory":
-        raise UserError("--store memory lives inside one process and cannot be inspected from the command line")
-    raise UserError(f"unknown store {args.store!r}; expected sqlite, dynamodb or redis")
+def store_options(args: argparse.Namespace) -> StoreOptions:
+    """The store options of a parsed command line (``create-table`` has only the DynamoDB ones)."""
+    return StoreOptions(getattr(args, "store", "dynamodb"), path=getattr(args, "path", None),
+                        endpoint_url=args.endpoint_url, region=args.region, url=getattr(args, "url", None))
 
 
-def _dynamodb(args: argparse.Namespace) -> Any:
-    try:
-        from .dynamodb import DynamoDBClient
-
-        return DynamoDBClient(endpoint_url=args.endpoint_url, region_name=args.region, shared_observations=True)
-    except ImportError:
-        raise UserError("DynamoDB needs boto3: pip install 'fastlease[dynamodb]'") from None
+def _client(args: argparse.Namespace) -> LeaseClient:
+    """The client an inspecting command uses: the file must exist, and sightings are shared on this host."""
+    options = store_options(args)
+    if options.store not in INSPECTABLE:
+        raise UserError(f"--store {options.store} lives inside one process and cannot be inspected from the "
+                        "command line; pass --store sqlite, dynamodb or redis")
+    return client_from_options(options, must_exist=True, shared_observations=True)
 
 
 def _create_table(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
-    client = _dynamodb(args)
+    client = cast("DynamoDBClient", client_from_options(store_options(args)))
     try:
         if client.lock_table_exists(args.name):
             raise UserError(f"table {args.name!r} already exists")
@@ -186,12 +184,9 @@ def _release(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
 
 
 def _demo(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
-    from . import demo
-
     say = (lambda line: None) if args.json else (lambda line: print(line, flush=True))
     try:
-        summary = demo.run(args.store, args.workers, args.seconds, path=args.path, endpoint_url=args.endpoint_url,
-                           region=args.region or "us-east-1", redis_url=args.url, say=say)
+        summary = demo.run(store_options(args), args.workers, args.seconds, say=say)
     except demo.DemoError as error:
         raise UserError(str(error)) from None
     if args.json:

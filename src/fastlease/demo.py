@@ -21,53 +21,37 @@ import signal
 import tempfile
 import threading
 import time
-from typing import Any, Callable, Optional
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
+
+from ._store_factory import StoreOptions, client_from_options, redis_url_from_environment, require_library
+from .exceptions import LockNotAcquired
+from .lock import SyncDistributedLock
+from .stores.memory import MemoryStore
+
+if TYPE_CHECKING:  # annotations only: boto3's client is imported when --store dynamodb is chosen
+    from .dynamodb import DynamoDBClient
 
 CUSTOMERS = ("acme", "globex", "initech")
 TABLE = "demo_locks"
 LEASE_S = 1.0
 WAIT_S = 3.0
 WORK_S = (0.1, 0.6)
-STORES = ("sqlite", "dynamodb", "redis", "memory")
+MOTO_REGION = "us-east-1"  # the Region of the moto server the demo starts when no --endpoint-url is given
 
 
 class DemoError(Exception):
-    """A demo that cannot run as asked (bad store, missing dependency); the message says why."""
+    """A demo that cannot run as asked (bad --workers or --seconds, a server it cannot start); the message says why."""
 
 
-def make_client(spec: tuple[Any, ...]) -> Any:
-    """A client for a store spec: ("sqlite", path), ("dynamodb", endpoint, region), ("redis", url) or
-    ("memory", store)."""
-    kind = spec[0]
-    if kind == "sqlite":
-        from .sqlite import SQLiteClient
-
-        return SQLiteClient(spec[1])
-    if kind == "dynamodb":
-        from .dynamodb import DynamoDBClient
-
-        return DynamoDBClient(endpoint_url=spec[1], region_name=spec[2])
-    if kind == "redis":
-        from .redis import RedisClient
-
-        return RedisClient(spec[1])
-    from .memory import MemoryClient
-
-    return MemoryClient(store=spec[1])
-
-
-def worker(
-    index: int, spec: tuple[Any, ...], stop_at: float, events: Any, crash: Optional[threading.Event] = None
-) -> None:
+def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore], stop_at: float, events: Any,
+           crash: Optional[threading.Event] = None) -> None:
     """One worker's loop; reports ("hold", ...), ("done", ...), ("timeout", ...) or ("error", ...).
 
     ``stop_at`` is on the monotonic clock, which is system-wide on Linux, so processes share it."""
-    from .exceptions import LockNotAcquired
-    from .lock import SyncDistributedLock
-
     rng = random.Random(index)
     try:
-        client = make_client(spec)
+        client = client_from_options(options, memory_store=memory_store)
     except Exception as error:  # noqa: BLE001 - reported to the parent
         events.put(("error", index, f"{type(error).__name__}: {error}"))
         return
@@ -102,90 +86,81 @@ def worker(
         client.close()
 
 
-def _store_spec(store: str, path: Optional[str], endpoint_url: Optional[str], region: str,
-                redis_url: Optional[str], cleanup: list[Callable[[], object]],
-                say: Callable[[str], None]) -> tuple[Any, ...]:
-    if store == "sqlite":
-        if path is None:
+def prepare_store(options: StoreOptions, cleanup: list[Callable[[], object]],
+                  say: Callable[[str], None]) -> StoreOptions:
+    """The options the workers use: a temporary SQLite file, a moto server or a redis-server of the
+    demo's own (stopped through ``cleanup``) wherever ``options`` name none. One client is built here,
+    in the parent, so a bad option fails once, with the message the other commands give for it, and
+    before anything is printed."""
+    require_library(options.store)  # before any server is started for a store that cannot be used
+    if options.store == "sqlite":
+        if options.path is None:
             directory = tempfile.mkdtemp(prefix="fastlease-demo-")
-            path = os.path.join(directory, "locks.db")
             cleanup.append(lambda: shutil.rmtree(directory, ignore_errors=True))
-        from .sqlite import SQLiteClient
-
-        SQLiteClient(path).close()  # bad paths fail here, in the parent, with one clear error
-        say(f"store: SQLite file {path}")
-        return ("sqlite", path)
-    if store == "dynamodb":
+            options = replace(options, path=os.path.join(directory, "locks.db"))
+        where = f"SQLite file {options.path}"
+    elif options.store == "dynamodb" and options.endpoint_url is None:
         try:
-            import boto3  # noqa: F401
+            from .testing_moto import MotoServer
         except ImportError:
-            raise DemoError("--store dynamodb needs boto3: pip install 'fastlease[dynamodb]'") from None
-        if endpoint_url is None:
-            try:
-                from .testing_moto import MotoServer
-            except ImportError:
-                raise DemoError("--store dynamodb without --endpoint-url starts a moto server: pip install "
-                                "'moto[server]'") from None
-            moto_server = MotoServer()
-            endpoint_url = moto_server.start(timeout_s=60.0)
-            cleanup.append(moto_server.stop)
-            os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-            os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-            say(f"store: DynamoDB on a local serialised moto server, {endpoint_url} (pid {moto_server.pid})")
-        else:
-            say(f"store: DynamoDB at {endpoint_url}")
-        client = make_client(("dynamodb", endpoint_url, region))
+            raise DemoError("--store dynamodb without --endpoint-url starts a moto server: pip install "
+                            "'moto[server]'") from None
+        moto_server = MotoServer()
+        endpoint_url = moto_server.start(timeout_s=60.0)
+        cleanup.append(moto_server.stop)
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+        options = replace(options, endpoint_url=endpoint_url, region=options.region or MOTO_REGION)
+        where = f"DynamoDB on a local serialised moto server, {endpoint_url} (pid {moto_server.pid})"
+    elif options.store == "dynamodb":
+        where = f"DynamoDB at {options.endpoint_url}"
+    elif options.store == "redis" and redis_url_from_environment(options) is None:
+        from .testing_redis import RedisServer, RedisServerUnavailable
+
+        server = RedisServer()
         try:
-            if not client.lock_table_exists(TABLE):
-                client.create_lock_table(TABLE, wait=True)
-        finally:
-            client.close()
-        return ("dynamodb", endpoint_url, region)
-    if store == "redis":
-        try:
-            import redis  # noqa: F401
-        except ImportError:
-            raise DemoError("--store redis needs redis-py: pip install 'fastlease[redis]'") from None
-        if redis_url is None:
-            from .testing_redis import RedisServer, RedisServerUnavailable
-
-            server = RedisServer()
-            try:
-                redis_url = server.start()
-            except RedisServerUnavailable as error:
-                raise DemoError(f"--store redis without --url starts a local redis-server, but {error}") from None
-            cleanup.append(server.stop)
-            say(f"store: Redis on a local redis-server, {redis_url} (pid {server.pid})")
-        else:
-            say(f"store: Redis at {redis_url}")
-        return ("redis", redis_url)
-    if store == "memory":
-        from .stores.memory import MemoryStore
-
-        say("store: in-memory (workers are threads of this process; the crash is simulated)")
-        return ("memory", MemoryStore())
-    raise DemoError(f"unknown store {store!r}; expected one of {', '.join(STORES)}")
+            url = server.start()
+        except RedisServerUnavailable as error:
+            raise DemoError(f"--store redis without --url starts a local redis-server, but {error}") from None
+        cleanup.append(server.stop)
+        options = replace(options, url=url)
+        where = f"Redis on a local redis-server, {url} (pid {server.pid})"
+    elif options.store == "redis":
+        options = replace(options, url=redis_url_from_environment(options))  # --url, else $FASTLEASE_REDIS_URL
+        where = f"Redis at {options.url}"
+    else:
+        where = "in-memory (workers are threads of this process; the crash is simulated)"
+    client = client_from_options(options)
+    try:
+        if options.store == "dynamodb":
+            dynamodb = cast("DynamoDBClient", client)
+            if not dynamodb.lock_table_exists(TABLE):
+                dynamodb.create_lock_table(TABLE, wait=True)
+        client.inspect(TABLE)  # a bad path, URL or endpoint fails here, once, before any worker starts
+    finally:
+        client.close()
+    say(f"store: {where}")
+    return options
 
 
-def run(store: str = "sqlite", workers: int = 4, seconds: float = 10.0, *, path: Optional[str] = None,
-        endpoint_url: Optional[str] = None, region: str = "us-east-1", redis_url: Optional[str] = None,
+def run(options: StoreOptions, workers: int = 4, seconds: float = 10.0, *,
         say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the demo; returns the summary (also printed through ``say`` as it goes)."""
+    """Run the demo on the store ``options`` name (see prepare_store); returns the summary (also printed
+    through ``say`` as it goes). Raises DemoError, or StoreOptionError for a store option that cannot work."""
     if type(workers) is not int or not 2 <= workers <= 64:
         raise DemoError(f"--workers must be an integer from 2 to 64, got {workers!r}")
     if not 2.0 <= seconds <= 600.0:
         raise DemoError(f"--seconds must be from 2 to 600, got {seconds!r}")
     cleanup: list[Callable[[], object]] = []
     try:
-        spec = _store_spec(store, path, endpoint_url, region, redis_url, cleanup, say)
-        return _contend(spec, workers, seconds, say)
+        return _contend(prepare_store(options, cleanup, say), workers, seconds, say)
     finally:
         for step in reversed(cleanup):
             step()
 
 
-def _contend(spec: tuple[Any, ...], count: int, seconds: float, say: Callable[[str], None]) -> dict[str, Any]:
-    threads = spec[0] == "memory"
+def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[str], None]) -> dict[str, Any]:
+    threads = options.store == "memory"
     say(f"{count} workers, customers {', '.join(CUSTOMERS)}, lease {LEASE_S:g} s, {seconds:g} s; "
         "one holder is killed halfway")
     start_at = time.monotonic() + (0.2 if threads else 2.0)  # spawned workers need time to import
@@ -194,13 +169,15 @@ def _contend(spec: tuple[Any, ...], count: int, seconds: float, say: Callable[[s
     runners: list[Any] = []
     if threads:
         events: Any = queue.Queue()
+        memory_store = MemoryStore()  # the one store the worker threads share
         for index in range(count):
-            runners.append(threading.Thread(target=worker, args=(index, spec, stop_at, events, crashes[index])))
+            runners.append(threading.Thread(target=worker,
+                                            args=(index, options, memory_store, stop_at, events, crashes[index])))
     else:
         context = multiprocessing.get_context("spawn")
         events = context.Queue()
         for index in range(count):
-            runners.append(context.Process(target=worker, args=(index, spec, stop_at, events), daemon=True))
+            runners.append(context.Process(target=worker, args=(index, options, None, stop_at, events), daemon=True))
     for runner in runners:
         runner.start()
     stats: list[dict[str, Any]] = [
@@ -253,7 +230,7 @@ def _contend(spec: tuple[Any, ...], count: int, seconds: float, say: Callable[[s
     finally:
         for runner in runners:
             _stop(runner)
-    summary = {"store": spec[0], "workers": stats, "killed": killed, "errors": errors}
+    summary = {"store": options.store, "workers": stats, "killed": killed, "errors": errors}
     _print_table(summary, say)
     return summary
 

@@ -1,6 +1,6 @@
 """DynamoDB store: protocol v1 rows through boto3, wire-compatible with pydynox 1.8.0.
 
-The adapter maps the five ``LockStore`` operations onto single conditional requests (contract §3):
+Each of the five ``LockStore`` operations is a single conditional request (docs/protocol.md, "DynamoDB requests"):
 
 =================  ==========================================  ==========================================
 operation          request                                     condition

@@ -1,0 +1,105 @@
+"""The one store factory of the ``fastlease`` command and its demo: what ``--store`` and its options mean.
+
+``cli.py`` and ``demo.py`` both build their clients here, so an option means the same thing in each
+and a bad one gets the same message. They differ only in what they do when an option is left out,
+before calling in: the inspecting commands read ``./fastlease.db`` and the Redis at
+``$FASTLEASE_REDIS_URL`` (else 127.0.0.1:6379), while the demo makes a temporary file and starts a
+moto server or a ``redis-server`` of its own.
+
+Clients whose store needs an optional library (boto3, redis-py) are imported only when that store is
+chosen, so the command starts without them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from typing import Optional, Sequence
+
+from .client import LeaseClient
+from .memory import MemoryClient
+from .sqlite import SQLiteClient
+from .stores.memory import MemoryStore
+
+STORES = ("sqlite", "dynamodb", "redis", "memory")
+DEFAULT_SQLITE_PATH = "fastlease.db"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL_VARIABLE = "FASTLEASE_REDIS_URL"
+
+#: The optional library each store needs: (importable module, its name for people, the extra to install).
+_LIBRARIES = {"dynamodb": ("boto3", "boto3", "dynamodb"), "redis": ("redis", "redis-py", "redis")}
+
+
+class StoreOptionError(ValueError):
+    """A store option that cannot work as given; the message names the value and how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreOptions:
+    """The store options of the command line, None where not given. Picklable: the demo sends them
+    to its worker processes.
+
+    ``store`` is ``--store``; ``path`` is ``--path`` (the SQLite file); ``endpoint_url`` and
+    ``region`` are ``--endpoint-url`` and ``--region`` (DynamoDB; None: the AWS configuration);
+    ``url`` is ``--url`` (the Redis URL).
+    """
+
+    store: str = "sqlite"
+    path: Optional[str] = None
+    endpoint_url: Optional[str] = None
+    region: Optional[str] = None
+    url: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.store not in STORES:
+            raise StoreOptionError(f"unknown store {self.store!r}; pass --store {_alternatives(STORES)}")
+
+
+def _alternatives(names: Sequence[str]) -> str:
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def redis_url_from_environment(options: StoreOptions) -> Optional[str]:
+    """``--url``, else ``$FASTLEASE_REDIS_URL``, else None (the caller picks the fallback)."""
+    return options.url or os.environ.get(REDIS_URL_VARIABLE) or None
+
+
+def require_library(store: str) -> None:
+    """Raise StoreOptionError, naming the ``pip install`` to run, if the store's optional library is missing.
+
+    It looks the library up without importing it (boto3 takes a noticeable time to import)."""
+    if store in _LIBRARIES:
+        module, name, extra = _LIBRARIES[store]
+        if importlib.util.find_spec(module) is None:
+            raise StoreOptionError(f"--store {store} needs {name}: pip install 'fastlease[{extra}]'")
+
+
+def client_from_options(options: StoreOptions, *, memory_store: Optional[MemoryStore] = None,
+                        must_exist: bool = False, shared_observations: bool = False) -> LeaseClient:
+    """The client for ``options``.
+
+    Left out, ``--path`` is ``./fastlease.db`` and ``--url`` is ``$FASTLEASE_REDIS_URL`` or
+    ``redis://127.0.0.1:6379/0``. ``must_exist`` refuses a SQLite file that does not exist yet (opening
+    one creates it: commands that only inspect must not). ``memory_store`` is the MemoryStore a memory
+    client uses (a new one if None). ``shared_observations`` as for every client. Raises
+    StoreOptionError for an option that cannot work, and what the client raises for a bad value
+    (a bad Redis URL: ValueError; a SQLite file in a missing directory: StoreError).
+    """
+    require_library(options.store)
+    if options.store == "sqlite":
+        path = options.path or DEFAULT_SQLITE_PATH
+        if must_exist and not os.path.exists(path):
+            raise StoreOptionError(f"no SQLite lock file at {path!r} (nothing has used it yet; pass --path)")
+        return SQLiteClient(path, shared_observations=shared_observations)
+    if options.store == "dynamodb":
+        from .dynamodb import DynamoDBClient
+
+        return DynamoDBClient(endpoint_url=options.endpoint_url, region_name=options.region,
+                              shared_observations=shared_observations)
+    if options.store == "redis":
+        from .redis import RedisClient
+
+        return RedisClient(redis_url_from_environment(options) or DEFAULT_REDIS_URL,
+                           shared_observations=shared_observations)
+    return MemoryClient(store=memory_store, shared_observations=shared_observations)
