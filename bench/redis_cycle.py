@@ -29,7 +29,7 @@ import fastlease._core as compiled
 import fastlease._core_py as twin
 from fastlease import SyncDistributedLock
 from fastlease.stores.redis import RedisClient
-from fastlease.testing_redis import RedisServer
+from fastlease.testing.redis_server import RedisServer
 
 
 def measure(cycle: Callable[[], None], count: int) -> tuple[float, float]:

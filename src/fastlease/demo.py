@@ -122,7 +122,7 @@ def _store_spec(store: str, path: Optional[str], endpoint_url: Optional[str], re
             raise DemoError("--store dynamodb needs boto3: pip install 'fastlease[dynamodb]'") from None
         if endpoint_url is None:
             try:
-                from .testing_moto import MotoServer
+                from .testing.moto_server import MotoServer
             except ImportError:
                 raise DemoError("--store dynamodb without --endpoint-url starts a moto server: pip install "
                                 "'moto[server]'") from None
@@ -147,7 +147,7 @@ def _store_spec(store: str, path: Optional[str], endpoint_url: Optional[str], re
         except ImportError:
             raise DemoError("--store redis needs redis-py: pip install 'fastlease[redis]'") from None
         if redis_url is None:
-            from .testing_redis import RedisServer, RedisServerUnavailable
+            from .testing.redis_server import RedisServer, RedisServerUnavailable
 
             server = RedisServer()
             try:
