@@ -20,7 +20,7 @@ import boto3
 
 from fastlease import SyncDistributedLock
 from fastlease.dynamodb import DynamoDBClient
-from fastlease.testing_moto import MotoServer
+from fastlease.testing.moto_server import MotoServer
 
 TABLE = "bench_locks"
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}

@@ -213,7 +213,7 @@ def main() -> int:
 def dynamodb_section(seconds: float) -> None:
     import boto3
 
-    from fastlease.testing_moto import MotoServer
+    from fastlease.testing.moto_server import MotoServer
 
     with MotoServer() as server:
         boto3.client("dynamodb", endpoint_url=server.endpoint_url, **CREDENTIALS).create_table(
@@ -227,7 +227,7 @@ def dynamodb_section(seconds: float) -> None:
 
 
 def redis_section(seconds: float) -> None:
-    from fastlease.testing_redis import RedisServer
+    from fastlease.testing.redis_server import RedisServer
 
     with RedisServer() as server:
         for library, label in (("fastlease", "fastlease: processes, Redis"),

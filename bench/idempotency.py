@@ -91,8 +91,8 @@ def main() -> int:
     from fastlease import MemoryClient, SQLiteClient
     from fastlease.dynamodb import DynamoDBClient
     from fastlease.redis import RedisClient
-    from fastlease.testing_moto import MotoServer
-    from fastlease.testing_redis import RedisServer
+    from fastlease.testing.moto_server import MotoServer
+    from fastlease.testing.redis_server import RedisServer
 
     directory = tempfile.mkdtemp(prefix="fastlease-bench-")
     with MotoServer() as moto, RedisServer() as redis_server:

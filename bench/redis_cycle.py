@@ -27,7 +27,7 @@ import redis_peers
 
 from fastlease import SyncDistributedLock, _impl
 from fastlease.redis import RedisClient
-from fastlease.testing_redis import RedisServer
+from fastlease.testing.redis_server import RedisServer
 
 compiled = _impl.load("c")  # built by make test; missing, the module fails to collect (never skips)
 twin = _impl.load("py")

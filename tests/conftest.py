@@ -127,7 +127,7 @@ def in_forked_child() -> Callable[[Callable[[], str]], str]:
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """One serialised moto server (a separate process on 127.0.0.1) for the whole test session."""
-    from fastlease.testing_moto import MotoServer
+    from fastlease.testing.moto_server import MotoServer
 
     server = MotoServer()
     try:

@@ -16,7 +16,8 @@ import pytest
 from fastlease import SQLiteClient, SyncDistributedLock, cli, demo
 from fastlease._store_factory import StoreOptions, client_from_options
 from fastlease.exceptions import LockLost
-from fastlease.stores.memory import MemoryClient, MemoryStore
+from fastlease.memory import MemoryClient
+from fastlease.stores.memory import MemoryStore
 
 TIMEOUT_S = 120  # bound for one command (the demo included)
 
@@ -266,7 +267,7 @@ def test_the_command_and_the_demo_give_sqlite_options_one_meaning(tmp_path, monk
 
 
 def test_the_command_and_the_demo_give_redis_options_one_meaning(tmp_path, monkeypatch, redis_url):
-    from fastlease.stores.redis import RedisClient
+    from fastlease.redis import RedisClient
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     command, prepared = both_ways(["--store", "redis", "--url", redis_url])
@@ -279,7 +280,7 @@ def test_the_command_and_the_demo_give_redis_options_one_meaning(tmp_path, monke
 
 
 def test_the_command_and_the_demo_give_dynamodb_options_one_meaning(tmp_path, monkeypatch, moto_endpoint):
-    from fastlease.stores.dynamodb import DynamoDBClient
+    from fastlease.dynamodb import DynamoDBClient
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")

@@ -40,11 +40,11 @@ DEFINING_MODULES = (
     "fastlease.cli",
     "fastlease._store_factory",
     "fastlease.demo",
-    "fastlease.testing_redis",
-    "fastlease.testing_moto",
+    "fastlease.testing.redis_server",
+    "fastlease.testing.moto_server",
 )
 #: Modules that need moto's server mode to import: marked ``server``, as the wheel tests do not install it.
-SERVER_MODULES = frozenset({"fastlease.testing_moto"})
+SERVER_MODULES = frozenset({"fastlease.testing.moto_server"})
 
 
 def _public(name: str) -> bool:

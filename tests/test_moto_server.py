@@ -1,7 +1,7 @@
 """The serialised moto test server: conditional writes are atomic under real concurrent requests.
 
 Stock moto_server is not (two of four racing ``attribute_not_exists`` puts can both succeed), which is why
-fastlease's DynamoDB tests run against :mod:`fastlease.testing_moto` instead.
+fastlease's DynamoDB tests run against :mod:`fastlease.testing.moto_server` instead.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from botocore.exceptions import ClientError
 pytestmark = pytest.mark.server  # every test here starts a moto server process
 
 if TYPE_CHECKING:
-    from fastlease.testing_moto import MotoServer
+    from fastlease.testing.moto_server import MotoServer
 
 
 def moto_server_module() -> ModuleType:
-    """fastlease.testing_moto, imported on use: it needs moto's server mode, which the wheel tests (they
+    """fastlease.testing.moto_server, imported on use: it needs moto's server mode, which the wheel tests (they
     deselect this module's tests) do not install, and they still collect this file."""
-    import fastlease.testing_moto
+    import fastlease.testing.moto_server
 
-    return fastlease.testing_moto
+    return fastlease.testing.moto_server
 
 ROUNDS = 1600
 CONTENDERS = 4
@@ -185,7 +185,7 @@ def test_start_reports_a_child_that_cannot_start() -> None:
 
 
 def test_import_without_moto_names_the_install_command() -> None:
-    code = "import sys; sys.modules['moto'] = None; import fastlease.testing_moto"
+    code = "import sys; sys.modules['moto'] = None; import fastlease.testing.moto_server"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "ImportError" in done.stderr

@@ -101,7 +101,7 @@ def prepare_store(options: StoreOptions, cleanup: list[Callable[[], object]],
         where = f"SQLite file {options.path}"
     elif options.store == "dynamodb" and options.endpoint_url is None:
         try:
-            from .testing_moto import MotoServer
+            from .testing.moto_server import MotoServer
         except ImportError:
             raise DemoError("--store dynamodb without --endpoint-url starts a moto server: pip install "
                             "'moto[server]'") from None
@@ -115,7 +115,7 @@ def prepare_store(options: StoreOptions, cleanup: list[Callable[[], object]],
     elif options.store == "dynamodb":
         where = f"DynamoDB at {options.endpoint_url}"
     elif options.store == "redis" and redis_url_from_environment(options) is None:
-        from .testing_redis import RedisServer, RedisServerUnavailable
+        from .testing.redis_server import RedisServer, RedisServerUnavailable
 
         server = RedisServer()
         try:

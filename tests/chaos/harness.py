@@ -109,7 +109,7 @@ class _Setup:
                 connection.execute("CREATE TABLE commits (value INTEGER, owner TEXT, token INTEGER)")
             return
         if store == "redis":
-            from fastlease.testing_redis import RedisServer
+            from fastlease.testing.redis_server import RedisServer
 
             self._server = RedisServer()
             self.direct = self._server.start()
@@ -117,7 +117,7 @@ class _Setup:
         else:
             import boto3
 
-            from fastlease.testing_moto import MotoServer
+            from fastlease.testing.moto_server import MotoServer
 
             self._server = MotoServer()
             self.direct = self._server.start(timeout_s=60)

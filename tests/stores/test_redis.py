@@ -376,7 +376,7 @@ def test_ci_makes_a_missing_redis_server_a_failure_not_a_skip(tmp_path):
 
 @pytest.mark.server  # starts a redis-server of its own
 def test_a_server_down_while_waiting_is_retried_within_the_wait_budget(core):
-    from fastlease.testing_redis import RedisServer
+    from fastlease.testing.redis_server import RedisServer
 
     port = closed_port()
     client = RedisClient(f"redis://127.0.0.1:{port}/0", _engine_module=core)

@@ -12,7 +12,7 @@ the store's handling of them is serialised, which is what real DynamoDB guarante
 
 Use it as a script::
 
-    python -m fastlease.testing_moto --host 127.0.0.1 --port 0
+    python -m fastlease.testing.moto_server --host 127.0.0.1 --port 0
     READY http://127.0.0.1:40123
 
 or from tests and benchmarks::
@@ -28,25 +28,24 @@ reported here, by name, rather than as a child process that never becomes ready.
 from __future__ import annotations
 
 import argparse
-import collections
 import importlib.util
 import io
 import os
-import queue
 import signal
 import socketserver
-import subprocess
 import sys
-import tempfile
 import threading
-import time
-from typing import IO, Any, Callable, Deque, Iterable, List, Optional, Sequence
+from typing import IO, Any, Callable, Iterable, List, Optional, Sequence
+
+from ._process import HOST, ServerProcess, watch_parent
 
 __all__ = ["MotoServer", "SerialisedWSGIApp", "serve", "main", "ALLOWED_HOST", "INSTALL_HINT"]
 
 #: The only address the server binds. Tests must never expose a fake AWS endpoint beyond loopback.
-ALLOWED_HOST = "127.0.0.1"
+ALLOWED_HOST = HOST
+#: What to run where moto's server mode is missing.
 INSTALL_HINT = "pip install 'moto[server,dynamodb]'"
+#: The start of the one line the server prints on stdout once it listens: ``READY http://127.0.0.1:<port>``.
 READY_PREFIX = "READY "
 
 # moto's server mode needs these at run time; flask and flask_cors come with the ``server`` extra.
@@ -54,7 +53,7 @@ _REQUIRED_MODULES = ("moto", "flask", "flask_cors", "werkzeug")
 _missing = [name for name in _REQUIRED_MODULES if importlib.util.find_spec(name) is None]
 if _missing:
     raise ImportError(
-        f"fastlease.testing_moto needs moto's server mode (missing: {', '.join(_missing)}); "
+        f"fastlease.testing.moto_server needs moto's server mode (missing: {', '.join(_missing)}); "
         f"install it with: {INSTALL_HINT}"
     )
 del _missing
@@ -112,7 +111,7 @@ def _load_moto() -> Any:
         from moto.moto_server import werkzeug_app
     except ImportError as error:
         raise ImportError(
-            f"fastlease.testing_moto needs moto's server mode ({error}); install: {INSTALL_HINT}"
+            f"fastlease.testing.moto_server needs moto's server mode ({error}); install: {INSTALL_HINT}"
         ) from error
     return werkzeug_app
 
@@ -254,7 +253,7 @@ def serve(
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     if parent_pid is not None:
-        _start_parent_watchdog(parent_pid)
+        watch_parent(parent_pid)  # SIGTERMs this process, which on_signal turns into a clean stop
     stream = ready_stream if ready_stream is not None else sys.stdout
     try:
         # The server has already bound and listened, so clients that connect now simply queue.
@@ -269,30 +268,11 @@ def serve(
             signal.signal(sig, handler)
 
 
-def _start_parent_watchdog(parent_pid: int, interval_s: float = 0.5) -> None:
-    """Stop this server (via SIGTERM to ourselves, the clean path) once the parent process is gone.
-
-    Polling the parent PID is portable and, unlike Linux's PR_SET_PDEATHSIG, does not fire when merely the
-    *thread* that spawned us exits (which would kill a server started from a worker thread).
-    """
-
-    def watch() -> None:
-        while True:
-            time.sleep(interval_s)
-            if os.getppid() != parent_pid:  # reparented: our parent died
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-
-    if os.getppid() != parent_pid:  # the parent died before we got here
-        os.kill(os.getpid(), signal.SIGTERM)
-    threading.Thread(target=watch, name="fastlease-moto-parent-watchdog", daemon=True).start()
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """The ``python -m fastlease.testing_moto`` entry point: serve until SIGTERM or SIGINT, then return 0.
+    """The ``python -m fastlease.testing.moto_server`` entry point: serve until SIGTERM or SIGINT, then return 0.
     A host other than 127.0.0.1 or a bad port exits with status 2."""
     parser = argparse.ArgumentParser(
-        prog="python -m fastlease.testing_moto",
+        prog="python -m fastlease.testing.moto_server",
         description="moto DynamoDB test server with every request serialised (loopback only).",
     )
     parser.add_argument("--host", default=ALLOWED_HOST, help=f"address to bind; only {ALLOWED_HOST} is accepted")
@@ -311,153 +291,59 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 class MotoServer:
-    """A serialised moto server in a child process (started with subprocess, stopped by its PID).
+    """A serialised moto server in a child process, started by the launcher of
+    :mod:`fastlease.testing._process` and stopped by its PID.
 
-    The child is ``sys.executable -m fastlease.testing_moto``; a separate process keeps moto's global state
-    and its request threads out of the process under test, and it can be killed if it wedges. It runs in
-    the caller's session and process group (so a terminal Ctrl-C reaches it too) and it exits on its own
-    when this process dies.
+    The child is ``sys.executable -m fastlease.testing.moto_server``; a separate process keeps moto's global
+    state and its request threads out of the process under test, and it can be killed if it wedges. It runs
+    in the caller's session and process group (so a terminal Ctrl-C reaches it too) and it stops on its
+    own when this process dies.
     """
 
     def __init__(self, host: str = ALLOWED_HOST) -> None:
         # Not validated here on purpose: the child refuses any other host, and start() reports that.
         self._host = host
-        self._proc: Optional[subprocess.Popen[bytes]] = None
-        self._pid: Optional[int] = None
-        self._endpoint_url: Optional[str] = None
-        self._stderr: Optional[IO[bytes]] = None
-        self._reader: Optional[threading.Thread] = None
-        # stdout lines other than READY (moto should print none), kept for error reports; bounded.
-        self._extra_stdout: Deque[str] = collections.deque(maxlen=100)
+        self._process = ServerProcess(f"moto test server (host {host!r})")
 
     @property
     def endpoint_url(self) -> str:
         """``http://127.0.0.1:<port>``; RuntimeError unless running."""
-        if self._endpoint_url is None:
+        if self._process.port is None:
             raise RuntimeError("MotoServer is not running; call start() first")
-        return self._endpoint_url
+        return f"http://{self._host}:{self._process.port}"
 
     @property
     def pid(self) -> int:
-        """The child's PID (still the last child's after stop(), so callers can check it is gone)."""
-        if self._pid is None:
+        """The PID stop() signals (the server's guard, which stops the server); still the last one's after
+        stop(), so callers can check it is gone. RuntimeError if it was never started."""
+        if self._process.pid is None:
             raise RuntimeError("MotoServer was never started")
-        return self._pid
+        return self._process.pid
 
     def start(self, timeout_s: float = 30.0) -> str:
         """Start the child and wait (at most ``timeout_s``) for its READY line; returns the endpoint URL.
 
-        Raises RuntimeError, with the child's exit status and stderr, if it is not ready in time. A second
+        Raises RuntimeError, with the child's exit status and output, if it is not ready in time. A second
         call while running returns the same URL.
         """
-        if self._proc is not None and self._proc.poll() is None and self._endpoint_url is not None:
-            return self._endpoint_url
-        self.stop()  # clean up a previous, dead child
-        # stderr goes to a file, not a pipe: nobody reads stderr while the server runs, and a full pipe
-        # would block the child's next log write (and with it, under the global lock, every request).
-        self._stderr = tempfile.TemporaryFile(prefix="fastlease-moto-stderr-")
-        self._extra_stdout.clear()
         env = dict(os.environ)
         # Make the child import this very copy of fastlease, installed or not.
-        src_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        src_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src_dir, env.get("PYTHONPATH")) if p)
-        command = [
-            sys.executable, "-m", "fastlease.testing_moto",
-            "--host", self._host, "--port", "0", "--parent-pid", str(os.getpid()),
-        ]  # fmt: skip
-        self._proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=env,
-            start_new_session=False,
-        )
-        self._pid = self._proc.pid
-        ready: "queue.Queue[Optional[str]]" = queue.Queue()
-        self._reader = threading.Thread(
-            target=self._read_stdout, args=(self._proc.stdout, ready), name="fastlease-moto-stdout", daemon=True
-        )
-        self._reader.start()
 
-        # Bounded wait for the READY line: the reader thread does the blocking reads, we only wait on a queue.
-        try:
-            line = ready.get(timeout=timeout_s)
-        except queue.Empty:
-            line, problem = None, f"did not print READY within {timeout_s:g} s"
-        else:
-            problem = "exited before it was ready"
-        if line is not None:
-            self._endpoint_url = line[len(READY_PREFIX) :].strip()
-            return self._endpoint_url
+        def command(port: int) -> list[str]:
+            return [sys.executable, "-m", "fastlease.testing.moto_server", "--host", self._host, "--port", str(port)]
 
-        stderr = self._stderr_text()
-        returncode = self.stop()
-        raise RuntimeError(
-            f"moto test server (host {self._host!r}) {problem} (exit status {returncode}).\n"
-            f"command: {' '.join(command)}\n"
-            f"stdout: {''.join(self._extra_stdout)!r}\n"
-            f"stderr:\n{stderr}"
-        )
-
-    def _read_stdout(self, stream: IO[bytes], ready: "queue.Queue[Optional[str]]") -> None:
-        # Runs for the child's whole life, so stray prints after READY can never fill the pipe and block it.
-        # Hands the READY line (or None at EOF before it) to start(); keeps any other line in a bounded deque.
-        announced = False
-        try:
-            for raw in stream:
-                line = raw.decode("utf-8", "replace")
-                if not announced and line.startswith(READY_PREFIX):
-                    announced = True
-                    ready.put(line)
-                else:
-                    self._extra_stdout.append(line)
-        except (OSError, ValueError):
-            pass
-        finally:
-            if not announced:
-                ready.put(None)
-
-    def _stderr_text(self, limit: int = 8000) -> str:
-        if self._stderr is None:
-            return ""
-        try:
-            self._stderr.flush()
-            self._stderr.seek(0)
-            text = self._stderr.read().decode("utf-8", "replace")
-        except (OSError, ValueError):
-            return ""
-        return text if len(text) <= limit else "...\n" + text[-limit:]
+        self._process.start(command, _is_ready_line, timeout_s=timeout_s, env=env)
+        return self.endpoint_url
 
     def stop(self, timeout_s: float = 10.0) -> Optional[int]:
-        """SIGTERM the child, wait up to ``timeout_s``, then SIGKILL it; returns its exit status.
+        """SIGTERM the child (the guard, which stops the server), wait up to ``timeout_s``, then SIGKILL it;
+        returns the exit status (the server's).
 
         Idempotent: without a child (never started, already stopped) it does nothing and returns None.
         """
-        self._endpoint_url = None
-        proc = self._proc
-        returncode: Optional[int] = None
-        if proc is not None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=timeout_s)  # SIGKILL cannot be ignored; a timeout here is a real fault
-            returncode = proc.returncode
-            self._proc = None  # only once it is reaped, so a failed stop() can be retried
-        if self._reader is not None:
-            # The child is dead, so its stdout is at EOF and the reader ends; join before closing the pipe,
-            # because closing a file another thread is blocked reading can itself block.
-            self._reader.join(timeout=timeout_s)
-            if not self._reader.is_alive() and proc is not None and proc.stdout is not None:
-                proc.stdout.close()
-            self._reader = None
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
-        return returncode
+        return self._process.stop(timeout_s)
 
     def __enter__(self) -> "MotoServer":
         self.start()
@@ -467,8 +353,12 @@ class MotoServer:
         self.stop()
 
     def __repr__(self) -> str:
-        state = f"running at {self._endpoint_url}, pid {self._proc.pid}" if self._proc else "stopped"
+        state = f"running at {self.endpoint_url}, pid {self.pid}" if self._process.running() else "stopped"
         return f"<MotoServer {state}>"
+
+
+def _is_ready_line(line: str) -> bool:
+    return line.startswith(READY_PREFIX)
 
 
 if __name__ == "__main__":
