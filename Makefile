@@ -11,7 +11,7 @@ $(PY):
 	$(PY) -m pip install -q -U pip
 
 # Reinstalling (editable) rebuilds the compiled core whenever its source or the build files change.
-$(INSTALLED): $(PY) pyproject.toml setup.py src/fastlease/_core.pyx
+$(INSTALLED): $(PY) pyproject.toml setup.py src/fastlease/_core.pyx src/fastlease/_engine.py src/fastlease/_engine.pxd
 	$(PY) -m pip install -q -e . --group test --group bench
 	touch $@
 
@@ -58,4 +58,4 @@ bench: $(INSTALLED)
 	$(PY) bench/idempotency.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info src/fastlease/_core.c src/fastlease/*.so
+	rm -rf $(VENV) build dist src/*.egg-info src/fastlease/_core.c src/fastlease/_engine.c src/fastlease/*.so

@@ -22,11 +22,12 @@ import tempfile
 import time
 from typing import Any
 
-import fastlease._core_py as twin
 import handoff
 
-import fastlease._core as compiled
-from fastlease import MemoryClient, SQLiteClient, SyncDistributedLock
+from fastlease import MemoryClient, SQLiteClient, SyncDistributedLock, _impl
+
+compiled = _impl.load("c")
+twin = _impl.load("py")
 
 
 def cycles(client: Any, count: int) -> float:

@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.posix)
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("core") == "py":
-            item.add_marker(pytest.mark.twin)
+            item.add_marker(pytest.mark.interpreted)
 
 
 @pytest.fixture(scope="session", params=["c", "py"])

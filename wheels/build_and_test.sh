@@ -34,7 +34,7 @@ for version in cp39 cp310 cp311 cp312 cp313 cp313t; do
 done
 echo "$(wc -l <<<"$identifiers") Linux identifiers, cp39-cp313 and cp313t on manylinux and musllinux, x86_64 and aarch64"
 
-step "build: the sdist, then the wheel from the sdist (the compiled core required)"
+step "build: the sdist, then the wheel from the sdist (the compiled modules required)"
 FASTLEASE_REQUIRE_EXTENSIONS=1 "$tools" -m build --outdir "$work/dist" "$root" >"$work/build.log" 2>&1 ||
     { tail -40 "$work/build.log"; fail "python -m build"; }
 sdist=$(ls "$work"/dist/*.tar.gz)
@@ -60,11 +60,13 @@ names = zipfile.ZipFile(wheel).namelist()
 shipped_sources = [name for name in names if name.endswith((".pyx", ".c"))]
 if shipped_sources:
     sys.exit(f"the wheel ships sources it must not: {shipped_sources}")
-for needed in ("fastlease/_core_py.py", "fastlease/_core.pyi", "fastlease/py.typed"):
+# The engine's one source ships too: it is the interpreted engine and what type checkers read.
+for needed in ("fastlease/_engine.py", "fastlease/_core_fallback.py", "fastlease/_core.pyi", "fastlease/py.typed"):
     if needed not in names:
         sys.exit(f"the wheel lacks {needed}")
-if not any(re.fullmatch(r"fastlease/_core\..*\.so", name) for name in names):
-    sys.exit("the wheel has no compiled core")
+for module in ("_core", "_engine"):
+    if not any(re.fullmatch(rf"fastlease/{module}\..*\.so", name) for name in names):
+        sys.exit(f"the wheel has no compiled fastlease.{module}")
 print(f"tag ok (manylinux_2_{max(int(minor) for minor in tags)} <= 2_{limit}); {len(names)} files, no .pyx or .c")
 PY
 
@@ -80,12 +82,14 @@ import sys
 
 import fastlease
 import fastlease._core
+import fastlease._impl
 
 if fastlease.IMPLEMENTATION != "c":
-    sys.exit(f"the wheel's compiled core is not the one loaded (IMPLEMENTATION={fastlease.IMPLEMENTATION!r})")
-if not fastlease._core.__file__.startswith(sys.prefix):
-    sys.exit(f"fastlease._core came from {fastlease._core.__file__}, not the venv {sys.prefix}")
-print(f"compiled core loaded from {fastlease._core.__file__}")
+    sys.exit(f"the wheel's compiled engine is not the one loaded (IMPLEMENTATION={fastlease.IMPLEMENTATION!r})")
+for module in (fastlease._core, fastlease._impl.core):
+    if not module.__file__.startswith(sys.prefix) or not module.__file__.endswith(".so"):
+        sys.exit(f"{module.__name__} came from {module.__file__}, not the venv {sys.prefix}")
+    print(f"compiled {module.__name__} loaded from {module.__file__}")
 PY
 )
 
@@ -95,12 +99,12 @@ mkdir "$work/suite"
 cp -r "$root/tests" "$root/pyproject.toml" "$root/README.md" "$work/suite/"
 [ -d "$root/docs" ] && cp -r "$root/docs" "$work/suite/"
 # No redis-server and CI=true: a test that needs one but is not marked `server` fails instead of skipping.
-# `not twin` and `not slow`: the pure-Python twin's cases and the soak and fuzz tests (the 30 s renewal
+# `not interpreted` and `not slow`: the interpreted engine's cases and the soak and fuzz tests (the 30 s renewal
 # soak, the chaos runs, 42,000 generated cases) already ran in `make test` on the same sources; what
 # the wheel adds is its packaging and its compiled core, and leaving them out keeps CI (which runs
 # both) well within its 15 minutes.
 (cd "$work/suite" && CI=true REDIS_SERVER="$work/no-redis-server" \
-    "$venv_python" -m pytest -m "not server and not twin and not slow" -p no:cacheprovider -q) ||
+    "$venv_python" -m pytest -m "not server and not interpreted and not slow" -p no:cacheprovider -q) ||
     fail "the suite against the installed wheel"
 
 step "sdist without a compiler: installs, warns, and runs the pure-Python engine"
@@ -109,7 +113,7 @@ fallback_python="$work/fallback/bin/python"
 logged "$fallback_python" -m pip install -q -U pip
 CC=false "$fallback_python" -m pip install -v "$sdist" >"$work/fallback.log" 2>&1 ||
     { tail -40 "$work/fallback.log"; fail "the sdist did not install without a compiler"; }
-grep -q "fastlease's compiled core could not be built" "$work/fallback.log" ||
+grep -q "fastlease's compiled engine could not be built" "$work/fallback.log" ||
     fail "the sdist's build log has no fallback warning"
 (cd "$work" && "$fallback_python" -W always - <<'PY'
 import sys
@@ -120,8 +124,8 @@ with warnings.catch_warnings(record=True) as caught:
     import fastlease
 if fastlease.IMPLEMENTATION != "py":
     sys.exit(f"expected the pure-Python engine, got {fastlease.IMPLEMENTATION!r}")
-if not any("compiled core unavailable" in str(warning.message) for warning in caught):
-    sys.exit("import fastlease did not warn that the compiled core is unavailable")
+if not any("compiled engine unavailable" in str(warning.message) for warning in caught):
+    sys.exit("import fastlease did not warn that the compiled engine is unavailable")
 print("pure-Python engine, with the import-time warning:", [str(w.message) for w in caught][0])
 PY
 )
