@@ -334,6 +334,32 @@ def test_a_lease_lost_before_completion_stores_nothing(core):
     assert client.store.read_record("payments", "p", 1.0) is None
 
 
+def test_idempotent_validates_its_durations_at_decoration_under_its_own_names(core):
+    client = MemoryClient(_engine_module=core)
+    try:
+        with pytest.raises(ValueError, match="lease_duration must be finite and between 0.1 and 86400"):
+            idempotent(client, table="pay", key="k", lease_duration=-5)  # no function decorated, no call made
+        with pytest.raises(ValueError, match=r"^wait must be finite and between 0 and 86400 seconds, got 100000$"):
+            idempotent(client, table="pay", key="k", wait=100_000)
+        with pytest.raises(ValueError, match="ttl must be finite and between"):
+            idempotent(client, table="pay", key="k", ttl=400 * 86_400)  # a retention: up to a year
+        idempotent(client, table="pay", key="k", ttl=300 * 86_400, wait=86_400)  # both at their limits
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("name", ["lease_duration", "wait", "ttl"])
+def test_every_duration_refuses_a_str_with_a_type_error(core, name):
+    client = MemoryClient(_engine_module=core)
+    try:
+        with pytest.raises(TypeError, match=f"^{name} must be a number of seconds, got str: '60'$"):
+            IdempotentCall(client, table="pay", key="k", **{name: "60"})
+        with pytest.raises(TypeError, match=f"^{name} must be a number of seconds, got str"):
+            idempotent(client, table="pay", key="k", **{name: "60"})
+    finally:
+        client.close()
+
+
 def test_bad_arguments_are_clear(tmp_path):
     client = SQLiteClient(tmp_path / "x.db")
     try:

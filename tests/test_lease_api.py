@@ -152,6 +152,17 @@ def test_contention_waits_until_the_budget_then_fails(make_client, clock):
         assert clock.monotonic_ns() - start == 2_500_000_000
 
 
+@pytest.mark.parametrize(("wait_timeout", "shown"), [(0.5, "0.5s"), (0.25, "0.25s"), (2, "2s")])
+def test_the_budget_in_the_message_is_the_one_given(make_client, clock, wait_timeout, shown):
+    # The compiled engine once said "within 0s" for 0.5 s: a C integer division of wait_ms / 1000.
+    holder = make_client(clock=clock)
+    contender = make_client(clock=clock)
+    with SyncDistributedLock(holder, table="locks", key="k", lease_duration=60):
+        with pytest.raises(LockNotAcquired, match=f"not acquired within {shown}$"):
+            with SyncDistributedLock(contender, table="locks", key="k", wait_timeout=wait_timeout):
+                pass
+
+
 def test_body_exceptions_propagate_unchanged_and_release_happens(make_client, store):
     client = make_client()
 

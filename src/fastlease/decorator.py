@@ -16,9 +16,9 @@ from .exceptions import LockLost
 from .lock import (
     DEFAULT_LEASE_DURATION,
     DEFAULT_WAIT_TIMEOUT,
+    LeaseOptions,
     SyncDistributedLock,
     check_client,
-    lease_arguments,
 )
 
 if TYPE_CHECKING:  # Python 3.9's typing has no ParamSpec; annotations are never evaluated at run time
@@ -37,24 +37,24 @@ _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 class _LockSpec:
     """Everything a decorated function's calls share; ``guard`` builds one call's lease."""
 
-    __slots__ = ("client", "table", "call_key", "lease_args", "_lease_class")
+    __slots__ = ("client", "table", "call_key", "options", "_lease_class")
 
     def __init__(
         self,
         client: LeaseClient,
         table: str,
         call_key: Any,
-        lease_args: tuple[int, int, int, Optional[Callable[[LockLost], object]]],
+        options: LeaseOptions,
     ) -> None:
         self.client = client
         self.table = table
         self.call_key = call_key
-        self.lease_args = lease_args  # (lease_ms, wait_ms, max_hold_ms, on_lost), validated once
+        self.options = options  # validated once, at decoration
         self._lease_class = client.engine_module.Lease
 
     def guard(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> SyncDistributedLock:
         key = self.call_key.resolve(args, kwargs)
-        return SyncDistributedLock._from_lease(self._lease_class(self.client, self.table, key, *self.lease_args))
+        return SyncDistributedLock._from_lease(self._lease_class(self.client, self.table, key, *self.options))
 
 
 def _bind_template(core: Any, template: Any, fn: Callable[..., Any]) -> Any:
@@ -99,7 +99,7 @@ def distributed_lock(
     """
     check_client(client)
     core = client.engine_module
-    lease_args = lease_arguments(lease_duration, wait_timeout, max_hold, on_lost)
+    options = LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold, on_lost)
     core.check_table(table)
     template = core.KeyTemplate(key)
 
@@ -111,7 +111,7 @@ def distributed_lock(
             )
         if not callable(fn):
             raise TypeError(f"distributed_lock wraps functions, got {type(fn).__name__}")
-        spec = _LockSpec(client, table, _bind_template(core, template, fn), lease_args)
+        spec = _LockSpec(client, table, _bind_template(core, template, fn), options)
         if inspect.iscoroutinefunction(fn):
             # An async def's _R is its coroutine; the wrapper returns a coroutine of the same result.
             return cast("Callable[_P, _R]", _async_wrapper(fn, spec))

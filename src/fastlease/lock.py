@@ -34,38 +34,62 @@ MIN_LEASE_DURATION = _impl.core.MIN_LEASE_MS / 1000  # the engine's limits, in s
 MAX_DURATION = _impl.core.MAX_DURATION_MS / 1000
 
 
-def _seconds_to_ms(name: str, seconds: Any, minimum: float) -> int:
+#: The longest retention a duration may ask for (idempotency records' ``ttl``): a year.
+MAX_RETENTION = 365 * 86_400.0
+
+
+def seconds_to_ms(name: str, seconds: Any, minimum: float, maximum: float = MAX_DURATION) -> int:
+    """The one rule for every duration of the public API, in seconds; ``name`` is the caller's own
+    argument name, so the error names what they wrote. Not a number (a str, a bool, None): TypeError.
+    Not finite, or outside ``minimum``-``maximum``: ValueError. Returns whole milliseconds."""
     kind = type(seconds)
     if kind is not float and kind is not int:
         if kind is bool or not isinstance(seconds, (int, float)):
             raise TypeError(f"{name} must be a number of seconds, got {kind.__name__}: {seconds!r:.80}")
         seconds = float(seconds)  # numpy scalars and other subclasses become plain numbers
-    return _checked_ms(name, seconds, minimum)
+    return _checked_ms(name, seconds, minimum, maximum)
 
 
 @functools.lru_cache(maxsize=256, typed=True)
-def _checked_ms(name: str, seconds: float, minimum: float) -> int:
+def _checked_ms(name: str, seconds: float, minimum: float, maximum: float) -> int:
     # Cached because the same few durations are converted on every guard; exceptions are not cached.
-    if not (math.isfinite(seconds) and minimum <= seconds <= MAX_DURATION):
-        raise ValueError(f"{name} must be finite and between {minimum:g} and {MAX_DURATION:g} seconds, got {seconds!r}")
+    if not (math.isfinite(seconds) and minimum <= seconds <= maximum):
+        raise ValueError(f"{name} must be finite and between {minimum:g} and {maximum:g} seconds, got {seconds!r}")
     return max(int(round(seconds * 1000)), int(minimum * 1000))
 
 
-def lease_arguments(
-    lease_duration: Any, wait_timeout: Any, max_hold: Any, on_lost: Any
-) -> tuple[int, int, int, Optional[Callable[[LockLost], object]]]:
-    """Validate the public lease arguments and convert them to the engine's ``Lease`` arguments:
-    (lease_ms, wait_ms, max_hold_ms (0: no limit), on_lost). Durations are finite seconds: the lease
-    and max_hold 0.1-86,400, the wait 0-86,400."""
-    if on_lost is not None and not callable(on_lost):
-        # The engine checks this too, per guard; the decorator needs it once, at decoration.
-        raise TypeError(f"on_lost must be a callable taking a LockLost, got {type(on_lost).__name__}")
-    return (
-        _seconds_to_ms("lease_duration", lease_duration, MIN_LEASE_DURATION),
-        _seconds_to_ms("wait_timeout", wait_timeout, 0.0),
-        0 if max_hold is None else _seconds_to_ms("max_hold", max_hold, MIN_LEASE_DURATION),
-        on_lost,
-    )
+class LeaseOptions(NamedTuple):
+    """A lease's validated timing options, in the engine's units: made once by a guard, by the
+    decorator or by ``@idempotent`` (at decoration, so bad values fail there), then used for every
+    acquisition. Lock timings are finite seconds: the lease and ``max_hold`` 0.1-86,400, the wait
+    0-86,400 (``docs/protocol.md``, "Limits")."""
+
+    lease_ms: int
+    wait_ms: int
+    max_hold_ms: int  # 0: no limit
+    on_lost: Optional[Callable[[LockLost], object]]
+
+    @classmethod
+    def from_seconds(
+        cls,
+        lease_duration: Any,
+        wait: Any,
+        max_hold: Any = None,
+        on_lost: Any = None,
+        *,
+        wait_name: str = "wait_timeout",
+    ) -> LeaseOptions:
+        """Validate the public arguments (seconds) and convert them. ``wait_name`` is the name the
+        caller's API gives the wait (``wait_timeout`` for guards, ``wait`` for ``@idempotent``)."""
+        if on_lost is not None and not callable(on_lost):
+            # The engine checks this too, per guard; the decorator needs it once, at decoration.
+            raise TypeError(f"on_lost must be a callable taking a LockLost, got {type(on_lost).__name__}")
+        return cls(
+            seconds_to_ms("lease_duration", lease_duration, MIN_LEASE_DURATION),
+            seconds_to_ms(wait_name, wait, 0.0),
+            0 if max_hold is None else seconds_to_ms("max_hold", max_hold, MIN_LEASE_DURATION),
+            on_lost,
+        )
 
 
 def check_client(client: object) -> LeaseClient:
@@ -139,10 +163,13 @@ class SyncDistributedLock:
         max_hold: Optional[float] = None,
         on_lost: Optional[Callable[[LockLost], object]] = None,
     ) -> None:
-        check_client(client)
-        self._lease = client.engine_module.Lease(
-            client, table, key, *lease_arguments(lease_duration, wait_timeout, max_hold, on_lost)
-        )
+        options = LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold, on_lost)
+        self._lease = check_client(client).engine_module.Lease(client, table, key, *options)
+
+    @classmethod
+    def with_options(cls, client: LeaseClient, *, table: str, key: str, options: LeaseOptions) -> Self:
+        """A guard from options validated once for many guards (the decorator's and idempotency's path)."""
+        return cls._from_lease(client.engine_module.Lease(client, table, key, *options))
 
     @classmethod
     def _from_lease(cls, lease: Lease) -> Self:

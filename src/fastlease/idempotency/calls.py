@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Optional, Type, Union, cast, overload
+from typing import TYPE_CHECKING, Any, Optional, Type, Union, cast
 
 from ..client import LeaseClient
 from ..exceptions import LockLost, LockNotAcquired
-from ..lock import DEFAULT_LEASE_DURATION, SyncDistributedLock, check_client
+from ..lock import DEFAULT_LEASE_DURATION, MAX_RETENTION, LeaseOptions, SyncDistributedLock, check_client, seconds_to_ms
 from .exceptions import (
     IdempotencyError,
     IdempotencyInProgress,
@@ -38,20 +37,6 @@ _log = logging.getLogger("fastlease.idempotency")
 RetryOn = Union[type[BaseException], tuple[type[BaseException], ...]]
 
 
-@overload
-def _check_duration(name: str, value: Any, *, allow_none: Literal[False] = ..., allow_zero: bool = ...) -> float: ...
-@overload
-def _check_duration(name: str, value: Any, *, allow_none: bool, allow_zero: bool = ...) -> Optional[float]: ...
-def _check_duration(name: str, value: Any, *, allow_none: bool = False, allow_zero: bool = False) -> Optional[float]:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
-            value < 0 or (value == 0 and not allow_zero) or value > 365 * 86_400:
-        raise ValueError(f"{name} must be a number of seconds in {'0' if allow_zero else '(0'}-1 year], "
-                         f"got {value!r}")
-    return float(value)
-
-
 def _check_retry_on(retry_on: Any) -> tuple[type[BaseException], ...]:
     if isinstance(retry_on, type):
         retry_on = (retry_on,)
@@ -67,8 +52,7 @@ _NO_PAYLOAD = object()
 class _CallSpec:
     """What every call of one idempotent operation shares (validated once)."""
 
-    __slots__ = ("client", "store", "table", "lock_table", "lease_duration", "wait", "ttl", "serializer",
-                 "retry_on")
+    __slots__ = ("client", "store", "table", "lock_table", "lease", "ttl_ms", "serializer", "retry_on")
 
     def __init__(self, client: LeaseClient, table: str, lock_table: Optional[str], lease_duration: float,
                  wait: float, ttl: Optional[float], serializer: Serializer, retry_on: RetryOn) -> None:
@@ -82,9 +66,9 @@ class _CallSpec:
         self.lock_table = core.check_table(lock_table if lock_table is not None else f"{table}_locks")
         if self.lock_table == self.table:
             raise ValueError(f"the lock table and the record table must differ, both are {table!r}")
-        self.lease_duration = lease_duration
-        self.wait = _check_duration("wait", wait, allow_zero=True)
-        self.ttl = _check_duration("ttl", ttl, allow_none=True)
+        # Lock timings follow the guards' rule, under this API's names; ttl is a retention (up to a year).
+        self.lease = LeaseOptions.from_seconds(lease_duration, wait, wait_name="wait")
+        self.ttl_ms = None if ttl is None else seconds_to_ms("ttl", ttl, 0.001, MAX_RETENTION)
         if not (callable(getattr(serializer, "dumps", None)) and callable(getattr(serializer, "loads", None))):
             raise TypeError(f"serializer needs dumps(value) -> bytes and loads(bytes) -> value, got {serializer!r}")
         self.serializer = serializer
@@ -149,8 +133,7 @@ class IdempotentCall:
         self._spec = spec
         self.key = spec.client.engine_module.check_key(key)
         self.fingerprint = fingerprint
-        self._lock = SyncDistributedLock(spec.client, table=spec.lock_table, key=key,
-                                         lease_duration=spec.lease_duration, wait_timeout=spec.wait)
+        self._lock = SyncDistributedLock.with_options(spec.client, table=spec.lock_table, key=key, options=spec.lease)
         self.replayed = False
         self.result: Any = None
         self.state = "NEW"  # NEW -> PROCESSING -> COMPLETED | FAILED | RELEASED; or REPLAYED
@@ -207,7 +190,7 @@ class IdempotentCall:
                 f"records hold at most {limit:,}. Nothing was stored and the key is released",
                 key=self.key,
             )
-        expires = self._now_ms() + int(spec.ttl * 1000) if spec.ttl is not None else 0
+        expires = self._now_ms() + spec.ttl_ms if spec.ttl_ms is not None else 0
         owner = cast(str, self._lock.owner)  # only called while the lease is held, so it has an owner
         return Record(state, self.fingerprint, data, expires, owner)
 
@@ -280,7 +263,7 @@ class IdempotentCall:
         try:
             self._lock.__enter__()
         except LockNotAcquired:
-            if self._spec.wait and self._lookup():  # the first call finished while we waited
+            if self._spec.lease.wait_ms and self._lookup():  # the first call finished while we waited
                 return self
             raise self._in_progress() from None
         try:
