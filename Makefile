@@ -49,6 +49,7 @@ chaos: $(INSTALLED) redis-server
 	$(PY) -m tests.chaos --store all --seconds $(SECONDS)
 
 bench: $(INSTALLED)
+	$(PY) bench/import_time.py
 	$(PY) bench/memory_cycle.py
 	$(PY) bench/dynamodb_cycle.py
 	$(PY) bench/renewal_under_load.py

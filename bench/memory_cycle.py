@@ -1,6 +1,6 @@
 """Uncontended acquire+release cycles per second on the in-memory store (``with``, decorator and
 ``async with``), side by side in one run:
-fastlease's compiled core (c), its pure-Python twin (py) and pydynox 1.8.0's MemoryBackend.
+fastlease's compiled engine (c), the same engine interpreted (py) and pydynox 1.8.0's MemoryBackend.
 
 Rounds are interleaved so that machine noise (±25% on shared 2-core hosts) hits every contender alike;
 the median and best round of each are printed, with the ratios. Run: ``make bench`` or

@@ -21,7 +21,7 @@ PACKAGE = "fastlease"
 #: Modules of the engine layer: the one engine source, its native core and fallback, and the selector.
 ENGINE = frozenset({"fastlease._engine", "fastlease._core", "fastlease._core_fallback", "fastlease._impl"})
 #: Imported by every layer.
-SHARED = frozenset({"fastlease.exceptions"})
+SHARED = frozenset({"fastlease.exceptions", "fastlease._logging", "fastlease._typing"})
 
 
 def module_names() -> dict[str, Path]:
@@ -180,4 +180,5 @@ def test_stores_import_nothing_of_the_engine_or_the_api():
 
 def test_the_engine_imports_only_its_native_core_the_store_rules_and_the_exceptions():
     assert graph()["fastlease._engine"] <= {"fastlease._core", "fastlease._core_fallback",
-                                           "fastlease.stores.base", "fastlease.exceptions"}
+                                           "fastlease.stores.base", "fastlease.exceptions", "fastlease._logging",
+                                           "fastlease._typing"}

@@ -7,13 +7,13 @@ guard and whatever they need (boto3, redis, sqlite3, asyncio) load on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ._impl import IMPLEMENTATION
 from .decorator import distributed_lock
 from .exceptions import FastleaseError, LockLost, LockNotAcquired, LockReleaseError
 from .lock import LeaseMetrics, SyncDistributedLock
 from .memory import MemoryClient, MemoryStore
+
+TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 
 if TYPE_CHECKING:  # type checkers see the lazily loaded names (below) as what they are
     from .aio import DistributedLock

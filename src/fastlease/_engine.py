@@ -18,19 +18,20 @@ an ``int`` of nanoseconds.
 from __future__ import annotations
 
 import heapq
-import logging
 import os
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional, Protocol, cast
 
+from ._logging import get_logger
+from ._typing import Protocol, cast
 from .exceptions import LockLost, LockNotAcquired, LockReleaseError, MalformedLockRow, StoreError
 from .stores.base import check_table
 
+TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:  # annotations only
     from concurrent.futures import ThreadPoolExecutor
-    from typing import Callable
+    from typing import Any, Callable, Optional
 
 #: "c" when this module runs compiled (its file is the extension module), "py" when interpreted.
 IMPLEMENTATION = "py" if __file__.endswith((".py", ".pyc")) else "c"
@@ -43,7 +44,7 @@ else:
 
 __all__ = ["check_table", "new_token"]  # re-exported for the layers above; the rest is by name
 
-_log = logging.getLogger("fastlease.engine")
+_log = get_logger("fastlease.engine")
 
 # ---------------------------------------------------------------------------------------------
 # Limits and timing rules (docs/protocol.md, "Limits" and "Timeouts and budgets"). All derived

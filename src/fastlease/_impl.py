@@ -10,12 +10,13 @@ exists, so that one test run exercises both.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
-import platform
 import sys
 import warnings
-from types import ModuleType
+
+TYPE_CHECKING = False  # neither typing nor types is imported at run time: see _typing.py
+if TYPE_CHECKING:
+    from types import ModuleType
 
 _PY_NAME = f"{__package__}._engine_py"
 
@@ -34,10 +35,13 @@ def load(implementation: str) -> ModuleType:
         return plain  # no extension was built: the import system already loaded the source
     loaded = sys.modules.get(_PY_NAME)
     if loaded is None:
+        # Only here: importlib.util costs 3 ms of `import fastlease` on the compiled path.
+        from importlib.util import module_from_spec, spec_from_file_location
+
         path = os.path.join(os.path.dirname(__file__), "_engine.py")
-        spec = importlib.util.spec_from_file_location(_PY_NAME, path)
+        spec = spec_from_file_location(_PY_NAME, path)
         assert spec is not None and spec.loader is not None  # a .py path always has a source loader
-        loaded = importlib.util.module_from_spec(spec)
+        loaded = module_from_spec(spec)
         sys.modules[_PY_NAME] = loaded
         try:
             spec.loader.exec_module(loaded)
@@ -50,7 +54,7 @@ def load(implementation: str) -> ModuleType:
 def _select() -> ModuleType:
     if os.environ.get("FASTLEASE_NO_EXTENSIONS", "") not in ("", "0"):
         return load("py")
-    if platform.python_implementation() != "CPython":
+    if sys.implementation.name != "cpython":
         return load("py")
     try:
         return load("c")

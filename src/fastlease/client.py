@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import os
 import threading
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Optional, cast
 
 from . import _impl
+from ._typing import cast
 
+TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor  # imported where the pools are made, on first use
+    from types import ModuleType
+    from typing import Any, Optional
 
     from typing_extensions import Self
 

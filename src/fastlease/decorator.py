@@ -8,9 +8,8 @@ single branch between ``def`` and ``async def`` picks the wrapper. Both wrappers
 from __future__ import annotations
 
 import functools
-import inspect
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Optional, TypeVar, cast
 
+from ._typing import cast
 from .client import LeaseClient
 from .exceptions import LockLost
 from .lock import (
@@ -21,17 +20,17 @@ from .lock import (
     check_client,
 )
 
+TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:  # Python 3.9's typing has no ParamSpec; annotations are never evaluated at run time
+    from typing import Any, Awaitable, Callable, Coroutine, Optional, TypeVar
+
     from typing_extensions import ParamSpec
 
     _P = ParamSpec("_P")
+    _R = TypeVar("_R")
 
 __all__ = ["distributed_lock"]
 
-_R = TypeVar("_R")
-
-_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 class _LockSpec:
@@ -59,17 +58,21 @@ class _LockSpec:
 
 def _bind_template(core: Any, template: Any, fn: Callable[..., Any]) -> Any:
     """Map each placeholder to its argument's position and default, from the signature."""
+    import inspect  # here, at decoration: inspect costs 4 ms of every `import fastlease` otherwise
+
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     parameters = list(inspect.signature(fn).parameters.values())
     by_name = {parameter.name: parameter for parameter in parameters}
     positions, defaults = [], []
     for name in template.names:
         parameter = by_name.get(name)
-        if parameter is None or parameter.kind in _VARIADIC:
+        if parameter is None or parameter.kind in variadic:
             raise ValueError(
                 f"key placeholder {{{name}}} must name a regular argument of {fn.__qualname__}"
                 f"{inspect.signature(fn)} (not *args or **kwargs)"
             )
-        positions.append(parameters.index(parameter) if parameter.kind in _POSITIONAL else -1)
+        positions.append(parameters.index(parameter) if parameter.kind in positional else -1)
         defaults.append(core.MISSING if parameter.default is inspect.Parameter.empty else parameter.default)
     return core.CallKey(template, tuple(positions), tuple(defaults))
 
@@ -104,6 +107,8 @@ def distributed_lock(
     template = core.KeyTemplate(key)
 
     def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+        import inspect  # at decoration, not at `import fastlease` (see _bind_template)
+
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
             raise TypeError(
                 f"distributed_lock cannot wrap generator {fn.__qualname__}: the lease would end "

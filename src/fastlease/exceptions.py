@@ -7,7 +7,9 @@ outcomes, so they do not live under ``FastleaseError``.
 
 from __future__ import annotations
 
-from typing import Optional
+TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
+if TYPE_CHECKING:
+    from typing import Optional
 
 __all__ = [
     "FastleaseError",

@@ -8,25 +8,28 @@ shapes the context-manager contract (single use, cleanup errors attached to the 
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import sys
 import threading
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Type
 
 from . import _impl
+from ._logging import get_logger
+from ._typing import NamedTuple
 from .client import LeaseClient
 from .exceptions import FastleaseError, LockLost
 
+TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:
+    from types import TracebackType
+    from typing import Any, Callable, Optional, Type
+
     from typing_extensions import Self
 
     from ._engine import Lease  # type checkers read the one engine source
 
 __all__ = ["SyncDistributedLock", "LeaseMetrics", "DEFAULT_LEASE_DURATION", "DEFAULT_WAIT_TIMEOUT"]
 
-_log = logging.getLogger("fastlease.lock")
+_log = get_logger("fastlease.lock")
 
 DEFAULT_LEASE_DURATION = 30.0
 DEFAULT_WAIT_TIMEOUT = 35.0

@@ -3,12 +3,13 @@ tests, and for code that wants the lease API without a server."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
-
 from .client import LeaseClient
 from .stores.memory import MemoryStore
 
+TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:
+    from typing import Any, Optional
+
     from ._engine import Clock
 
 __all__ = ["MemoryClient", "MemoryStore"]

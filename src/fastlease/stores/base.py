@@ -12,7 +12,11 @@ dropped response), so the engine knows to reconcile it with a consistent read.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional, Protocol
+from .._typing import NamedTuple, Protocol
+
+TYPE_CHECKING = False  # typing is not imported at run time: see fastlease/_typing.py
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
 
 
 def check_table(table: object) -> str:

@@ -9,15 +9,19 @@ check per request.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional, Protocol, TypeVar
 
+from .._typing import Protocol
 from .base import LockRow, Record, UsageMeter
 
 __all__ = ["MemoryStore"]
 
 PROTOCOL_V1 = 1
 
-_T = TypeVar("_T")
+TYPE_CHECKING = False  # typing is not imported at run time: see fastlease/_typing.py
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional, TypeVar
+
+    _T = TypeVar("_T")
 
 
 class FaultHook(Protocol):
