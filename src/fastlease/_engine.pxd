@@ -79,6 +79,8 @@ cdef class Lease:
     cdef object _client
     cdef object _store
     cdef object _clock
+    cdef object _mono
+    cdef object _wall
     cdef object _observations
     cdef RenewalScheduler _scheduler
     cdef ReleaseSignals _signals
@@ -112,13 +114,14 @@ cdef class Lease:
     cdef int64_t _renewals
     cdef double _rcu, _wcu
 
+    cdef _bind(self, Engine engine)
     cpdef add_capacity(self, double rcu, double wcu)
     cdef double _timeout_s(self, int64_t deadline_ns, int64_t now_ns) except? -1.0
     cdef bint _valid_at(self, int64_t mono_ns, int64_t wall_ns) noexcept
     cdef void _set_validity(self, int64_t mono_ns, int64_t wall_ns) noexcept
     cdef bint _mark_lost(self, str cause) except -1
     @cython.locals(start_ns=int64_t, deadline_ns=int64_t, backoff_ns=int64_t, delay_ns=int64_t,
-                   remaining_ns=int64_t, courtesy_ns=int64_t, acquired=bint)
+                   remaining_ns=int64_t, courtesy_ns=int64_t, acquired=bint, signals=ReleaseSignals)
     cpdef acquire(self)
     @cython.locals(now_ns=int64_t, remaining_ns=int64_t, seen_ns=int64_t, stored_lease_ms=int64_t)
     cdef bint _attempt(self, int64_t deadline_ns) except -1

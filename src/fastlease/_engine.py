@@ -484,11 +484,9 @@ class Lease:
             )
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be a callable taking a LockLost, or None, got {type(on_lost).__name__}")
-        engine: Engine = client.engine
-        check_not_forked(engine.pid)
+        self._bind(client.engine)
         self.table = check_table(table)
         self.key = check_key(key)
-        self._pid = engine.pid
         self.lease_ms = lease_ms
         self.wait_ms = wait_ms
         self.max_hold_ms = max_hold_ms
@@ -497,11 +495,6 @@ class Lease:
         self._hold_until_ns = 0  # written by the caller before renewal is scheduled; 0: no max_hold
         self._renewal_stopped = False  # max_hold reached; renewal thread only
         self._client = client  # handed back by the ``client`` property; the engine reads only ``engine``
-        self._store = engine.store
-        self._clock: Clock = engine.clock
-        self._observations = engine.observations
-        self._scheduler = engine.scheduler
-        self._signals = engine.signals
         self._cache_key = (table, key)
         self._mutex = threading.Lock()
         # Written by the caller's thread, and by the renewal thread only to move HELD -> LOST.
@@ -533,9 +526,7 @@ class Lease:
         # Set by cancel() from any thread (an async task was cancelled); read by the caller's thread.
         self._cancelled = False
         self._ticket: Optional[threading.Event] = None  # our place in the client's wait queue; caller
-        # The store's feed of releases made anywhere (Redis pub/sub), or None; our watch while waiting.
-        self._feed = engine.release_feed
-        self._watch: Any = None
+        self._watch: Any = None  # our watch on the store's release feed while waiting; caller only
         # Caller-thread counters.
         self._writes = 0
         self._reads = 0
@@ -553,6 +544,21 @@ class Lease:
         # Capacity reported by stores from either thread; under _mutex.
         self._rcu = 0.0
         self._wcu = 0.0
+
+    def _bind(self, engine: Engine) -> None:
+        """Take the client's engine state: the only thing of the client that a lease reads."""
+        check_not_forked(engine.pid)
+        self._pid = engine.pid
+        self._store = engine.store
+        self._clock: Clock = engine.clock
+        # The clock's readings as callables, looked up once: a lease reads them a dozen times a hold.
+        self._mono: Callable[[], int] = engine.clock.monotonic_ns
+        self._wall: Callable[[], int] = engine.clock.time_ns
+        self._observations = engine.observations
+        self._scheduler = engine.scheduler
+        self._signals = engine.signals
+        # The store's feed of releases made anywhere (Redis pub/sub), or None; our watch while waiting.
+        self._feed = engine.release_feed
 
     # ---- small helpers ---------------------------------------------------------------------
     def add_capacity(self, rcu: float, wcu: float) -> None:
@@ -656,17 +662,15 @@ class Lease:
 
     def is_valid(self) -> bool:
         """True while the lease is held and within its validity on both clocks."""
-        clock = self._clock
         with self._mutex:
-            return self.state == HELD and self._valid_at(clock.monotonic_ns(), clock.time_ns())
+            return self.state == HELD and self._valid_at(self._mono(), self._wall())
 
     def raise_if_lost(self) -> None:
         """Raise LockLost unless ownership is still valid now (a local check, no request)."""
-        clock = self._clock
         with self._mutex:
             state = self.state
             if state == HELD:
-                if self._valid_at(clock.monotonic_ns(), clock.time_ns()):
+                if self._valid_at(self._mono(), self._wall()):
                     return
         if state == HELD:
             self._mark_lost(self._lapse_cause())
@@ -705,12 +709,14 @@ class Lease:
         """
         check_not_forked(self._pid)
         self._scheduler.check_open()
-        with self._mutex:
+        self._mutex.acquire()  # not `with`: on every hold's path, where it costs half as much compiled
+        try:
             if self.state != NEW:
                 raise RuntimeError("lease guards are single-use: create a new guard for each acquisition")
             self.state = ACQUIRING
-        clock = self._clock
-        start_ns = self._acquire_start_ns = clock.monotonic_ns()
+        finally:
+            self._mutex.release()
+        start_ns = self._acquire_start_ns = self._mono()
         deadline_ns = start_ns + self.wait_ms * _NS_PER_MS
         backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
         last_error: Optional[BaseException] = None
@@ -728,8 +734,8 @@ class Lease:
                 try:
                     # Requests get their full timeout even when the wait budget is shorter (or 0):
                     # the budget limits waiting for contention, not the network.
-                    if self._attempt(max(deadline_ns, clock.monotonic_ns() + request_timeout_ns(self.lease_ms))):
-                        self._wait_ns = clock.monotonic_ns() - start_ns
+                    if self._attempt(max(deadline_ns, self._mono() + request_timeout_ns(self.lease_ms))):
+                        self._wait_ns = self._mono() - start_ns
                         acquired = True
                         return
                     delay_ns = min(self._hint_ns, int(POLL_INTERVAL_MS * _NS_PER_MS * (0.5 + random.random())))
@@ -738,7 +744,7 @@ class Lease:
                     last_error = error
                     delay_ns = int(backoff_ns * (0.5 + random.random()))
                     backoff_ns = min(backoff_ns * 2, POLL_INTERVAL_MS * 5 * _NS_PER_MS)
-                remaining_ns = deadline_ns - clock.monotonic_ns()
+                remaining_ns = deadline_ns - self._mono()
                 if self.wait_ms == 0 or remaining_ns <= 0 or self._cancelled:
                     break
                 # A wait that would cross the deadline is cut to it, then one last attempt is made.
@@ -797,7 +803,7 @@ class Lease:
             state = self.state
             if state in (ACQUIRING, HELD):
                 self.state = FAILED
-        self._wait_ns = self._clock.monotonic_ns() - start_ns
+        self._wait_ns = self._mono() - start_ns
         pending, self._pending = self._pending, None
         if state == HELD:
             # Interrupted after the row was confirmed (say, KeyboardInterrupt while scheduling its
@@ -829,7 +835,7 @@ class Lease:
         check_row(row, self.key)
         self._row_seen = True
         owner, version, stored_lease_ms, _, waiting, _ = row
-        now_ns = self._clock.monotonic_ns()
+        now_ns = self._mono()
         seen_ns = self._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
         remaining_ns = stored_lease_ms * _NS_PER_MS - seen_ns
         if remaining_ns > 0:
@@ -848,7 +854,7 @@ class Lease:
         release. Only a hint: any outcome is fine, and a failure never ends the wait."""
         self._writes += 1
         try:
-            timeout_s = self._timeout_s(deadline_ns, self._clock.monotonic_ns())
+            timeout_s = self._timeout_s(deadline_ns, self._mono())
             if not self._store.mark_waiting(self.table, self.key, owner, version, timeout_s, self):
                 self._conditional_failures += 1  # renewed, marked or released meanwhile
             else:
@@ -870,7 +876,7 @@ class Lease:
         return self._read(deadline_ns)
 
     def _read(self, deadline_ns: int) -> Any:
-        now_ns = self._clock.monotonic_ns()
+        now_ns = self._mono()
         self._reads += 1
         try:
             return self._store.read(self.table, self.key, self._timeout_s(deadline_ns, now_ns), self)
@@ -886,9 +892,8 @@ class Lease:
 
     def _acquisition_write(self, deadline_ns: int, seen_owner: Optional[str], seen_version: Optional[str]) -> bool:
         """Write a fresh row: a put if absent, or (with a seen row) a takeover conditioned on it."""
-        clock = self._clock
         owner, version = new_token(), new_token()
-        mono_ns, wall_ns = clock.monotonic_ns(), clock.time_ns()  # the stamp validity counts from
+        mono_ns, wall_ns = self._mono(), self._wall()  # the stamp validity counts from
         timeout_s = self._timeout_s(deadline_ns, mono_ns)
         self._writes += 1
         try:
@@ -941,12 +946,11 @@ class Lease:
         A confirmation that arrives after that validity ended (a very slow response), or after the
         acquisition was cancelled, does not count: the row is ours, so it is deleted.
         """
-        clock = self._clock
         with self._mutex:
             if self.state != ACQUIRING:
                 return False  # a late success never revives a failed or cancelled guard
             self._set_validity(mono_ns, wall_ns)
-            if self._cancelled or not self._valid_at(clock.monotonic_ns(), clock.time_ns()):
+            if self._cancelled or not self._valid_at(self._mono(), self._wall()):
                 stale = True
             else:
                 stale = False
@@ -980,13 +984,12 @@ class Lease:
             return 0
 
     def _renew_step(self, now_ns: int) -> int:
-        clock = self._clock
         with self._mutex:
             if self.state != HELD:
                 return 0
             owner, version = self.owner, self.version
             deadline_ns = self._valid_until_mono_ns
-            valid = self._valid_at(clock.monotonic_ns(), clock.time_ns())
+            valid = self._valid_at(self._mono(), self._wall())
         if not valid:
             self._mark_lost(self._lapse_cause())
             return 0
@@ -1005,7 +1008,7 @@ class Lease:
             except StoreError:
                 self._renew_request_failures += 1
                 self._renew_errors += 1
-                return min(clock.monotonic_ns() + retry_ns, deadline_ns)
+                return min(self._mono() + retry_ns, deadline_ns)
             self._renew_pending = None
             if row is not None and row[0] == owner and row[1] == pending_version:
                 return self._confirm_renewal(version, pending_version, p_mono, p_wall)
@@ -1013,7 +1016,7 @@ class Lease:
                 self._mark_lost("stolen")
                 return 0
         new_version = new_token()
-        mono_ns, wall_ns = clock.monotonic_ns(), clock.time_ns()
+        mono_ns, wall_ns = self._mono(), self._wall()
         self._renew_writes += 1
         try:
             applied = self._store.update_version_if(
@@ -1025,7 +1028,7 @@ class Lease:
             _log.debug("renewal of %r failed (maybe committed: %s): %s", self.key, error.maybe_committed, error)
             if error.maybe_committed:
                 self._renew_pending = (new_version, mono_ns, wall_ns)
-            return min(clock.monotonic_ns() + retry_ns, deadline_ns)
+            return min(self._mono() + retry_ns, deadline_ns)
         if applied:
             return self._confirm_renewal(version, new_version, mono_ns, wall_ns)
         self._renew_conditional_failures += 1
@@ -1047,22 +1050,28 @@ class Lease:
         """HELD/LOST -> RELEASED (or stays LOST). Raises LockLost if the row was no longer ours
         (another owner may have run meanwhile), LockReleaseError if the delete stayed unconfirmed."""
         check_not_forked(self._pid)  # a forked child must not delete the row its parent still holds
-        with self._mutex:
+        self._mutex.acquire()  # (not `with`: see acquire)
+        try:
             state = self.state
             if state == HELD:
                 self.state = RELEASING
             elif state != LOST:
                 raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[state]}")
+        finally:
+            self._mutex.release()
         self._scheduler.cancel(self)
         budget_ns = cleanup_budget_ns(self.lease_ms)
         try:
             deleted = self._delete_owned(self.owner, budget_ns, raise_on_failure=True)
         finally:
-            with self._mutex:
+            self._mutex.acquire()
+            try:
                 if self.state == RELEASING:
                     self.state = RELEASED
+            finally:
+                self._mutex.release()
         if deleted:
-            self._signals.released(self._cache_key, self._others_waiting, self._clock.monotonic_ns())
+            self._signals.released(self._cache_key, self._others_waiting, self._mono())
             return
         # The row was not ours any more: someone took over (or removed it). Fail closed.
         self.note_stolen()
@@ -1079,7 +1088,7 @@ class Lease:
                 raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[self.state]}")
             self.state = RELEASED
         self._scheduler.cancel(self)
-        self._signals.released(self._cache_key, False, self._clock.monotonic_ns())
+        self._signals.released(self._cache_key, False, self._mono())
 
     def release_by_write(self, write: Callable[[float], bool], landed: Callable[[float], bool]) -> None:
         """Release through the caller's own atomic write, conditioned on our ownership, that also
@@ -1095,11 +1104,11 @@ class Lease:
         check_not_forked(self._pid)
         clock = self._clock
         budget_ns = cleanup_budget_ns(self.lease_ms)
-        deadline_ns = clock.monotonic_ns() + budget_ns
+        deadline_ns = self._mono() + budget_ns
         backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
         ambiguous = False
         while True:
-            now_ns = clock.monotonic_ns()
+            now_ns = self._mono()
             try:
                 if ambiguous:
                     self._reads += 1
@@ -1108,7 +1117,7 @@ class Lease:
                     ambiguous = False
                 self.raise_if_lost()  # never write on a lapsed lease: a successor may be running
                 self._writes += 1
-                if write(self._timeout_s(deadline_ns, clock.monotonic_ns())):
+                if write(self._timeout_s(deadline_ns, self._mono())):
                     break
                 self._conditional_failures += 1
                 raise self.lost_to_store("the store refused the write that ends the lease")
@@ -1117,7 +1126,7 @@ class Lease:
                 _log.debug("final write of %r failed (maybe committed: %s): %s", self.key,
                            failure.maybe_committed, failure)
                 ambiguous = ambiguous or failure.maybe_committed
-                if clock.monotonic_ns() + backoff_ns >= deadline_ns:
+                if self._mono() + backoff_ns >= deadline_ns:
                     self._cleanup_failures += 1
                     raise
             clock.wait(_NEVER_SET, backoff_ns / 1e9)
@@ -1132,12 +1141,12 @@ class Lease:
         outcome stays unknown and ``raise_on_failure`` is set; otherwise logs and returns True.
         """
         clock = self._clock
-        deadline_ns = clock.monotonic_ns() + budget_ns
+        deadline_ns = self._mono() + budget_ns
         backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
         error: Optional[StoreError] = None
         ambiguous = False
         while True:
-            now_ns = clock.monotonic_ns()
+            now_ns = self._mono()
             try:
                 if ambiguous:
                     self._reads += 1
@@ -1159,7 +1168,7 @@ class Lease:
                 error = failure
                 _log.debug("release of %r failed (maybe committed: %s): %s", self.key, failure.maybe_committed, failure)
                 ambiguous = ambiguous or failure.maybe_committed
-            now_ns = clock.monotonic_ns()
+            now_ns = self._mono()
             if now_ns + backoff_ns >= deadline_ns:
                 break
             clock.wait(_NEVER_SET, backoff_ns / 1e9)
@@ -1222,9 +1231,12 @@ class RenewalScheduler:
 
     def schedule(self, lease: Lease, due_ns: int) -> None:
         """Renew ``lease`` at ``due_ns`` (monotonic); starts the thread on first use."""
-        with self._mutex:
+        self._mutex.acquire()  # not `with`: on every hold's path (see Lease.acquire)
+        try:
             self.check_open()
             self._push_locked(lease, due_ns)
+        finally:
+            self._mutex.release()
 
     def _push_locked(self, lease: Lease, due_ns: int) -> None:
         if lease._renew_at_ns:
@@ -1242,7 +1254,8 @@ class RenewalScheduler:
             self._cond.notify()
 
     def cancel(self, lease: Lease) -> None:
-        with self._mutex:
+        self._mutex.acquire()  # not `with`: on every hold's path (see Lease.acquire)
+        try:
             if lease._renew_at_ns:
                 lease._renew_at_ns = 0
                 self._stale += 1
@@ -1250,6 +1263,8 @@ class RenewalScheduler:
                     self._heap = [entry for entry in self._heap if entry[2]._renew_at_ns == entry[0]]
                     heapq.heapify(self._heap)
                     self._stale = 0
+        finally:
+            self._mutex.release()
 
     def next_due_ns(self) -> int:
         """Due time of the earliest live renewal, or 0 when none is scheduled."""

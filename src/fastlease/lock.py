@@ -95,6 +95,24 @@ class LeaseOptions(NamedTuple):
         )
 
 
+@functools.lru_cache(maxsize=256, typed=True)
+def _options_without_callback(lease_duration: Any, wait_timeout: Any, max_hold: Any) -> LeaseOptions:
+    return LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold)
+
+
+def guard_options(lease_duration: Any, wait_timeout: Any, max_hold: Any, on_lost: Any) -> LeaseOptions:
+    """A guard's options: the same few durations recur on every guard, so those without a callback
+    are validated once and their LeaseOptions reused (it is immutable). Errors are never cached."""
+    if on_lost is None:
+        try:
+            return _options_without_callback(lease_duration, wait_timeout, max_hold)
+        except TypeError as error:
+            if "unhashable" not in str(error):
+                raise
+            # An unhashable value (a list, say): the validator below names it.
+    return LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold, on_lost)
+
+
 def check_client(client: object) -> LeaseClient:
     """Return ``client`` if it is a fastlease client (a ``LeaseClient``), else raise TypeError."""
     if not isinstance(client, LeaseClient):
@@ -166,7 +184,7 @@ class SyncDistributedLock:
         max_hold: Optional[float] = None,
         on_lost: Optional[Callable[[LockLost], object]] = None,
     ) -> None:
-        options = LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold, on_lost)
+        options = guard_options(lease_duration, wait_timeout, max_hold, on_lost)
         self._lease = check_client(client).engine_module.Lease(client, table, key, *options)
 
     @classmethod
