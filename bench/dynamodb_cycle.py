@@ -111,7 +111,11 @@ def main() -> int:
     for name in medians:
         if name.startswith("pydynox"):
             for ours in ("fastlease fast", "fastlease boto3"):
-                print(f"{ours} / {name}: CPU {medians[ours][1] / medians[name][1]:.2f}x, "
+                # Each round ran the contenders back to back, so a round's own ratio is the least disturbed by
+                # the machine's speed drifting between rounds; its median and range say how steady it was.
+                paired = sorted(a / b for a, b in zip(cpu[ours], cpu[name]))
+                print(f"{ours} / {name}: CPU {medians[ours][1] / medians[name][1]:.2f}x "
+                      f"(per round {statistics.median(paired):.2f}x, {paired[0]:.2f}-{paired[-1]:.2f}), "
                       f"wall {medians[ours][0] / medians[name][0]:.2f}x")
     return 0
 

@@ -3,10 +3,15 @@ moto's mock_aws through ``before-send``."""
 
 from __future__ import annotations
 
+import calendar
+import datetime
+import ipaddress
 import json
 import socket
+import ssl
 import threading
-from typing import Callable, Optional
+import time
+from typing import Any, Callable, Optional
 
 import boto3
 import pytest
@@ -15,7 +20,8 @@ from moto import mock_aws
 from fastlease import SyncDistributedLock
 from fastlease.dynamodb import DynamoDBClient
 from fastlease.exceptions import StoreError
-from fastlease.stores._fastpath import FastTransport
+from fastlease.stores._fastpath import FastTransport, _encode_json
+from fastlease.stores._sigv4 import SigV4Signer
 from fastlease.stores.dynamodb import ServiceError
 
 OK_BODY = b'{"ConsumedCapacity":{"TableName":"t","CapacityUnits":0.5}}'
@@ -35,8 +41,9 @@ class ScriptedServer:
     """A one-thread HTTP server on 127.0.0.1: for each request, ``script(n)`` gives the bytes to send
     (None: close the connection without answering; b"": never answer)."""
 
-    def __init__(self, script: Callable[[int], Optional[bytes]]) -> None:
+    def __init__(self, script: Callable[[int], Optional[bytes]], tls: Optional[ssl.SSLContext] = None) -> None:
         self.script = script
+        self.tls = tls
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.connections = 0
@@ -53,6 +60,13 @@ class ScriptedServer:
             except OSError:
                 continue
             self.connections += 1
+            if self.tls is not None:
+                try:
+                    conn.settimeout(2.0)
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                except OSError:  # the client refused the certificate
+                    conn.close()
+                    continue
             with conn:
                 conn.settimeout(0.1)  # short, so close() is noticed promptly
                 buffer = b""
@@ -104,8 +118,8 @@ class ScriptedServer:
 def scripted():
     servers = []
 
-    def start(script):
-        server = ScriptedServer(script)
+    def start(script, tls=None):
+        server = ScriptedServer(script, tls)
         servers.append(server)
         return server
 
@@ -114,10 +128,13 @@ def scripted():
         server.close()
 
 
+def boto3_client_for(port: int, token: Optional[str] = None) -> Any:
+    return boto3.client("dynamodb", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                        aws_access_key_id="AKID", aws_secret_access_key="secret", aws_session_token=token)
+
+
 def transport_for(port: int) -> FastTransport:
-    client = boto3.client("dynamodb", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
-                          aws_access_key_id="AKID", aws_secret_access_key="secret")
-    return FastTransport(client, "fastlease-test")
+    return FastTransport(boto3_client_for(port), "fastlease-test")
 
 
 GET = ("GetItem", {"TableName": "t", "Key": {"key": {"S": "k"}}, "ConsistentRead": True})
@@ -229,3 +246,181 @@ def test_credentials_are_read_on_every_request():
             assert "Credential=AKIDROTATED/" in lock_requests[-1]  # the release
         finally:
             client.close()
+
+
+@pytest.mark.parametrize("token", [None, "FwoGZXIvYXdzEJr//////////token+/="])
+def test_the_head_sent_is_what_is_signed(scripted, token):
+    """The transport writes the request head itself (no header dict): its signed headers, in order, must be
+    exactly what the signer signs for the same request at the second it names."""
+    server = scripted(lambda n: response())
+    transport = FastTransport(boto3_client_for(server.port, token), "fastlease-test")
+    transport.call(*GET, 2.0)
+    transport.close()
+    head, _, body = server.requests[0].partition(b"\r\n\r\n")
+    request_line, *lines = head.decode("latin-1").split("\r\n")
+    assert request_line == "POST / HTTP/1.1"
+    sent = [tuple(line.split(": ", 1)) for line in lines]
+    now_s = calendar.timegm(time.strptime(dict(sent)["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
+    signed = SigV4Signer("us-east-1").sign(host=f"127.0.0.1:{server.port}", body=body,
+                                           target="DynamoDB_20120810.GetItem", access_key="AKID",
+                                           secret_key="secret", token=token, now_s=now_s)
+    assert sent == [*signed.items(), ("Content-Length", str(len(body))), ("User-Agent", "fastlease-test"),
+                    ("Connection", "keep-alive")]
+
+
+class CannedResponse:
+    status_code = 200
+    content = b'{"Item":{"key":{"S":"canned"}}}'
+
+
+def test_a_before_send_handler_registered_after_requests_still_answers(scripted):
+    """Emitting is skipped only while the emitter would call no handler; registering one must end that."""
+    server = scripted(lambda n: response())
+    user = boto3_client_for(server.port)
+    transport = FastTransport(user, "fastlease-test")
+    assert transport.call(*GET, 2.0) == json.loads(OK_BODY)
+    assert transport.call(*GET, 2.0) == json.loads(OK_BODY)
+    seen: list[Any] = []
+
+    def answer(request, **kwargs):
+        seen.append(request)
+        return CannedResponse()
+
+    user.meta.events.register("before-send.dynamodb.GetItem", answer)
+    assert transport.call(*GET, 2.0) == json.loads(CannedResponse.content)
+    assert json.loads(seen[0].body) == GET[1]
+    assert "Credential=AKID/" in seen[0].headers["Authorization"]
+    user.meta.events.unregister("before-send.dynamodb.GetItem", answer)
+    assert transport.call(*GET, 2.0) == json.loads(OK_BODY)
+    transport.close()
+    assert len(server.requests) == 3
+
+
+@pytest.mark.parametrize(
+    "answer, connections",
+    [
+        pytest.param(f"HTTP/1.1 200 OK\r\ncontent-length:{len(OK_BODY)}\r\n\r\n".encode() + OK_BODY, 1, id="lowercase"),
+        pytest.param(f"HTTP/1.1 200 OK\r\nCONTENT-LENGTH: \t{len(OK_BODY)} \r\nX-A: b\r\n\r\n".encode() + OK_BODY, 1,
+                     id="blanks"),
+        pytest.param(f"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: {len(OK_BODY)}\r\n\r\n".encode()
+                     + OK_BODY, 1, id="http10-keep-alive"),
+        pytest.param(response(extra="Connection: CLOSE\r\n"), 2, id="close-uppercase"),
+        pytest.param(response(extra="connection:close\r\n"), 2, id="close-lowercase"),
+        pytest.param(f"HTTP/1.0 200 OK\r\nContent-Length: {len(OK_BODY)}\r\n\r\n".encode() + OK_BODY, 2, id="http10"),
+    ],
+)
+def test_response_heads_are_read_case_and_blank_insensitively(scripted, answer, connections):
+    """Header names in any case, blanks around values; a connection is reused unless the response closes it."""
+    server = scripted(lambda n: answer)
+    transport = transport_for(server.port)
+    assert transport.call(*GET, 2.0) == json.loads(OK_BODY)
+    assert transport.call(*GET, 2.0) == json.loads(OK_BODY)
+    transport.close()
+    assert server.connections == connections
+
+
+def test_a_response_in_pieces_is_reassembled(scripted):
+    whole = response()
+    cut = whole.index(b"\r\n\r\n")
+    # The head without its blank line, then the rest: the first recv cannot hold the whole response.
+    server = scripted(lambda n: [whole[:cut], whole[cut:cut + 3], whole[cut + 3:]])
+    transport = transport_for(server.port)
+    assert transport.call(*GET, 2.0) == json.loads(OK_BODY)
+    assert transport.call(*GET, 2.0) == json.loads(OK_BODY)
+    transport.close()
+    assert server.connections == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 5x\r\n\r\n{}", id="bad-length"),
+        pytest.param(b"HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\n{}", id="bad-status"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]", id="not-an-object"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{}}", id="trailing-garbage"),
+    ],
+)
+def test_a_malformed_response_may_have_committed(scripted, answer):
+    server = scripted(lambda n: answer)
+    with pytest.raises(StoreError) as info:
+        transport_for(server.port).call(*GET, 2.0)
+    assert info.value.maybe_committed is True
+
+
+def test_blanks_around_a_json_body_are_accepted(scripted):
+    body = b" \r\n" + OK_BODY + b"\n "
+    server = scripted(lambda n: response(body))
+    assert transport_for(server.port).call(*GET, 2.0) == json.loads(OK_BODY)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        GET[1],
+        {"TableName": "t", "Item": {"k": {"S": "é日本🔒\"\\\n\x00"}, "n": {"N": "-12"}}, "B": True, "F": False,
+         "L": [1, 2.5, None, {"x": []}]},
+    ],
+)
+def test_bodies_are_encoded_as_json_dumps_does(params):
+    assert _encode_json(params) == json.dumps(params, separators=(",", ":"))
+    assert _encode_json(params).isascii()
+
+
+def test_an_unencodable_value_is_a_type_error():
+    with pytest.raises(TypeError):
+        _encode_json({"k": object()})
+
+
+@pytest.fixture
+def certificate(tmp_path):
+    """A self-signed certificate for 127.0.0.1: (server context, path of the certificate to trust)."""
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_path, key_path)
+    return context, str(cert_path)
+
+
+def tls_transport_for(port: int, verify: Any) -> FastTransport:
+    client = boto3.client("dynamodb", endpoint_url=f"https://127.0.0.1:{port}", region_name="us-east-1",
+                          aws_access_key_id="AKID", aws_secret_access_key="secret", verify=verify)
+    return FastTransport(client, "fastlease-test")
+
+
+def test_tls_keep_alive_with_a_trusted_certificate(scripted, certificate):
+    context, cert_path = certificate
+    whole = response()
+    cut = whole.index(b"\r\n\r\n")
+    answers = [response(), [whole[:cut], whole[cut:]], response(chunked=True)]
+    server = scripted(lambda n: answers[(n - 1) % 3], tls=context)
+    transport = tls_transport_for(server.port, cert_path)
+    for _ in range(4):
+        assert transport.call(*GET, 2.0) == json.loads(OK_BODY)
+    transport.close()
+    assert server.connections == 1
+    assert json.loads(server.requests[0].partition(b"\r\n\r\n")[2]) == GET[1]
+
+
+def test_tls_with_an_untrusted_certificate_is_not_sent(scripted, certificate):
+    context, _ = certificate
+    server = scripted(lambda n: response(), tls=context)
+    with pytest.raises(StoreError) as info:
+        tls_transport_for(server.port, True).call(*GET, 2.0)  # the system CAs do not know this certificate
+    assert info.value.maybe_committed is False
+    assert server.requests == []

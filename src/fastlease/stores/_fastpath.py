@@ -4,14 +4,22 @@ Plain boto3 spends ≈1.2 ms of client CPU per request here, most of it in reque
 signer (≈40 µs, re-deriving the signing key every time) and urllib3. Lock requests are five fixed
 shapes, so this transport sends them itself:
 
-* JSON bodies from ``json.dumps`` (ASCII, as botocore sends them);
+* JSON bodies byte-identical to ``json.dumps`` (ASCII, as botocore sends them) from one reused C
+  encoder, and responses read by one call of the C scanner;
 * SigV4 with a cached daily signing key (``_sigv4.SigV4Signer``); credentials are read from the boto3
   client's provider on *every* request, so refreshed or rotated credentials keep working;
 * HTTP/1.1 keep-alive on raw sockets (TLS where the endpoint is https, verified like botocore) with a
-  minimal response parser, one connection per concurrent request from a small idle pool;
+  minimal response parser, one connection per concurrent request from a small idle pool; the request
+  head is written from a per-operation prefix and the two signed values, and sent with the body in one
+  ``sendall``;
 * ``before-send.dynamodb.<Operation>`` is emitted on the boto3 client's event system first, and an
   answer is used when one comes back: that is how moto's ``mock_aws`` serves requests in-process, so
-  fastlease keeps working inside your own ``mock_aws`` tests.
+  fastlease keeps working inside your own ``mock_aws`` tests. It is skipped only when the emitter
+  itself would call no handler (``FastTransport._may_answer``).
+
+In an uncontended acquire+release cycle against a local moto server most of the client's CPU is the
+wake-up after each response and the interpreter running cold between requests, so what counts is how
+much code a request runs, not its syscalls: ``bench/dynamodb_cycle.py`` measures it.
 
 Failure classes (what the engine needs to know):
 
@@ -24,16 +32,19 @@ Failure classes (what the engine needs to know):
 from __future__ import annotations
 
 import json
-import re
 import socket
 import ssl
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
+from botocore.awsrequest import AWSPreparedRequest
+from botocore.exceptions import BotoCoreError
+
 from ..exceptions import StoreError
-from ._sigv4 import SigV4Signer
+from ._sigv4 import _CONTENT_TYPE, SigV4Signer
+from .dynamodb import ServiceError, classify_unsent
 
 TARGET_PREFIX = "DynamoDB_20120810."
 #: Idle keep-alive connections older than this are closed rather than reused: servers drop idle
@@ -42,11 +53,51 @@ IDLE_REUSE_S = 20.0
 MAX_IDLE_CONNECTIONS = 8
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 _HEADER_END = b"\r\n\r\n"
-_CONTENT_LENGTH = re.compile(rb"(?im)^content-length:[ \t]*(\d+)[ \t]*\r?$")
-_CHUNKED = re.compile(rb"(?im)^transfer-encoding:[^\r\n]*chunked")
-_CONNECTION = re.compile(rb"(?im)^connection:[ \t]*([^\r\n]*?)[ \t]*\r?$")
-_encode_json = json.JSONEncoder(separators=(",", ":")).encode
 _decode_json = json.JSONDecoder().decode
+# The C scanner under json.loads, called directly: one call for a whole document, with no Python-level
+# decode()/raw_decode() frames or whitespace regexes around it. Anything it does not take whole (leading
+# or trailing whitespace, a syntax error) goes to _decode_json, which also gives the precise error.
+_scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _no_default(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _make_encoder() -> Callable[[Any], str]:
+    """``json.dumps(params, separators=(",", ":"))`` (ASCII, as botocore sends bodies), byte for byte.
+
+    ``JSONEncoder.encode`` builds a new C encoder on every call; this one is built once. No circular-reference
+    check (``markers`` None): the bodies are the store's own dicts of strings and numbers. Without the C
+    accelerator (not CPython) it is JSONEncoder.encode itself.
+    """
+    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+    if c_make_encoder is None:
+        return json.JSONEncoder(separators=(",", ":")).encode
+    chunks = c_make_encoder(None, _no_default, json.encoder.encode_basestring_ascii, None, ":", ",",
+                            False, False, True)
+    join = "".join
+
+    def encode(value: Any) -> str:
+        return join(chunks(value, 0))
+
+    return encode
+
+
+_encode_json = _make_encoder()
+
+
+def _decode_object(text: str) -> dict[str, Any]:
+    """A JSON object document (all DynamoDB returns) as a dict; ValueError for anything else."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        end = -1
+    if end != len(text):  # not one whole document from the first character: let json say what it is
+        value = _decode_json(text)
+    if type(value) is not dict:
+        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+    return value
 
 
 class FastPathUnavailable(Exception):
@@ -72,10 +123,61 @@ def _recv(sock: socket.socket, deadline: float) -> bytes:
     return sock.recv(65536)
 
 
+def _field(fields: bytes, name: bytes) -> Optional[bytes]:
+    """The value of the first header ``name`` (lowercase, with the leading CRLF and the colon) in
+    ``fields`` (the lowercased header block, starting with CRLF), stripped of blanks; None if absent."""
+    start = fields.find(name)
+    if start < 0:
+        return None
+    start += len(name)
+    end = fields.find(b"\r\n", start)
+    return fields[start:end if end >= 0 else len(fields)].strip(b" \t")
+
+
+def _parse_head(head: bytes) -> tuple[int, int, bool, bool]:
+    """(status, content length or -1, chunked, keep_alive) of a response head (without the blank line).
+
+    Plain finds on the lowercased block instead of a per-line loop or multiline regexes: this runs on every
+    request. A Content-Length that is not a plain number is an error, not "no length".
+    """
+    status_line, _, fields = head.partition(b"\r\n")
+    if not status_line.startswith(b"HTTP/1.") or len(status_line) < 12 or not status_line[9:12].isdigit():
+        raise ValueError(f"malformed status line {status_line!r}")
+    status = int(status_line[9:12])
+    fields = b"\r\n" + fields.lower()
+    value = _field(fields, b"\r\ncontent-length:")
+    if value is None:
+        length = -1
+    elif value.isdigit():
+        length = int(value)
+    else:
+        raise ValueError(f"malformed Content-Length {value!r}")
+    encoding = _field(fields, b"\r\ntransfer-encoding:")
+    chunked = encoding is not None and b"chunked" in encoding
+    connection = _field(fields, b"\r\nconnection:")
+    if status_line.startswith(b"HTTP/1.1"):
+        keep_alive = connection != b"close"
+    else:
+        keep_alive = connection == b"keep-alive"
+    return status, length, chunked, keep_alive
+
+
 def _read_response(connection: _Connection, deadline: float) -> tuple[int, bytes, bool]:
     """Read one HTTP/1.1 response: (status, body, keep_alive). Raises OSError or ValueError."""
     sock = connection.sock
     buffer = connection.buffer
+    if not buffer:
+        # The common case: the first recv holds exactly one whole response with a Content-Length, which is
+        # then sliced once, with no buffer copies. Anything else continues below with what was read.
+        data = _recv(sock, deadline)
+        end = data.find(_HEADER_END)
+        if end >= 0:
+            status, length, chunked, keep_alive = _parse_head(data[:end])
+            if not chunked and length >= 0 and len(data) - end - 4 == length:
+                return status, data[end + 4:], keep_alive
+        if not data:
+            raise ConnectionError("connection closed before the response headers")
+        buffer += data
     while True:
         end = buffer.find(_HEADER_END)
         if end >= 0:
@@ -86,21 +188,8 @@ def _read_response(connection: _Connection, deadline: float) -> tuple[int, bytes
         if not chunk:
             raise ConnectionError("connection closed before the response headers")
         buffer += chunk
-    head = bytes(buffer[:end])
+    status, length, chunked, keep_alive = _parse_head(bytes(buffer[:end]))
     del buffer[: end + 4]
-    status_line = head.split(b"\r\n", 1)[0]
-    if not status_line.startswith(b"HTTP/1.") or len(status_line) < 12:
-        raise ValueError(f"malformed status line {status_line!r}")
-    status = int(status_line[9:12])
-    # One regex pass over the header block instead of a per-line loop: this runs on every request.
-    match = _CONTENT_LENGTH.search(head)
-    length = int(match.group(1)) if match else -1
-    chunked = _CHUNKED.search(head) is not None
-    connection_header = _CONNECTION.search(head)
-    if status_line.startswith(b"HTTP/1.1"):
-        keep_alive = connection_header is None or connection_header.group(1).lower() != b"close"
-    else:
-        keep_alive = connection_header is not None and connection_header.group(1).lower() == b"keep-alive"
     if chunked:
         return status, _read_chunked(sock, buffer, deadline), keep_alive
     if length < 0:
@@ -174,7 +263,13 @@ class FastTransport:
         if credentials is None:
             raise FastPathUnavailable("the client has no credentials")
         self._credentials = credentials
-        self._events = meta.events
+        events = meta.events
+        # boto3's meta.events is an EventAliaser around a HierarchicalEmitter: names are aliased once per
+        # operation (_operation_miss) and emitted straight to the inner emitter, as the aliaser itself does.
+        self._emitter = getattr(events, "_emitter", events)
+        self._alias: Callable[[str], str] = getattr(events, "_alias_event_name", str)
+        # operation -> (target, event name, request head prefix); see _operation_miss.
+        self._operations: dict[str, tuple[str, str, str]] = {}
         self._endpoint_url = meta.endpoint_url
         self._secure = url.scheme == "https"
         self._hostname = url.hostname
@@ -209,58 +304,81 @@ class FastTransport:
 
     # ---- requests ----------------------------------------------------------------------------
     def call(self, operation: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        from botocore.exceptions import BotoCoreError
-
-        from .dynamodb import ServiceError, classify_unsent
-
         body = _encode_json(params).encode()
         try:
             frozen = self._credentials.get_frozen_credentials()  # may refresh (STS, IMDS, a process)
         except BotoCoreError as error:  # nothing was sent
             unsent = classify_unsent(operation, error)
             raise unsent or StoreError(f"DynamoDB {operation} not sent: {error}", maybe_committed=False) from error
+        target, event, head = self._operations.get(operation) or self._operation_miss(operation)
+        token = frozen.token
         headers = self._signer.sign(
             host=self._host_header,
             body=body,
-            target=TARGET_PREFIX + operation,
+            target=target,
             access_key=frozen.access_key,
             secret_key=frozen.secret_key,
-            token=frozen.token,
+            token=token,
             now_s=time.time(),
             path=self._path,
         )
-        answered = self._answer_in_process(operation, headers, body)
+        answered = self._answer_in_process(event, headers, body) if self._may_answer(event) else None
         if answered is not None:
             status, payload = answered
         else:
-            status, payload = self._exchange(operation, headers, body, timeout_s)
+            # The signed headers in sign()'s order (Host, Content-Type and X-Amz-Target are in `head`).
+            token_line = f"X-Amz-Security-Token: {token}\r\n" if token else ""
+            message = (f"{head}{headers['X-Amz-Date']}\r\n{token_line}Authorization: {headers['Authorization']}\r\n"
+                       f"Content-Length: {len(body)}\r\n{self._fixed_headers}\r\n").encode("latin-1") + body
+            status, payload = self._exchange(operation, message, timeout_s)
         if status == 200:
             try:
-                return _decode_json(payload.decode()) if payload else {}
+                return _decode_object(payload.decode()) if payload else {}
             except ValueError as error:  # a garbled success: the write may well have been applied
                 raise StoreError(f"DynamoDB {operation}: undecodable response", maybe_committed=True) from error
         try:
-            reply = _decode_json(payload.decode("utf-8", "replace"))
+            reply = _decode_object(payload.decode("utf-8", "replace"))
             code = str(reply.get("__type", "")).rpartition("#")[2]
-            message = str(reply.get("message") or reply.get("Message") or "")
+            message_text = str(reply.get("message") or reply.get("Message") or "")
         except ValueError:
-            code, message = "", payload[:200].decode("utf-8", "replace")
-        raise ServiceError(code or f"HTTP{status}", message, status)
+            code, message_text = "", payload[:200].decode("utf-8", "replace")
+        raise ServiceError(code or f"HTTP{status}", message_text, status)
 
-    def _answer_in_process(self, operation: str, headers: dict[str, str], body: bytes) -> Optional[tuple[int, bytes]]:
+    def _operation_miss(self, operation: str) -> tuple[str, str, str]:
+        """(X-Amz-Target, the before-send event name as the emitter sees it, the request head up to the
+        X-Amz-Date value) of an operation, built once and remembered."""
+        target = TARGET_PREFIX + operation
+        event = self._alias(f"before-send.dynamodb.{operation}")
+        head = (f"{self._request_line}Host: {self._host_header}\r\nContent-Type: {_CONTENT_TYPE}\r\n"
+                f"X-Amz-Target: {target}\r\nX-Amz-Date: ")
+        shape = (target, event, head)
+        self._operations[operation] = shape  # a single dict store; racing threads store the same value
+        return shape
+
+    def _may_answer(self, event: str) -> bool:
+        """False only when the emitter would call no handler at all for ``event``.
+
+        Building the AWSPreparedRequest and emitting costs about as much as signing, and usually nothing
+        listens (outside ``mock_aws``). botocore's HierarchicalEmitter keeps ``_lookup_cache``, event name ->
+        the handlers it calls, filled by the first emit of a name and replaced by a new dict on every
+        (un)register; an empty entry is exactly its own "no handlers, return []" short cut. Any other
+        emitter, or a name not looked up yet since the last registration, is emitted to.
+        """
+        cache = getattr(self._emitter, "_lookup_cache", None)
+        if type(cache) is not dict:
+            return True
+        handlers = cache.get(event)
+        return handlers is None or len(handlers) > 0
+
+    def _answer_in_process(self, event: str, headers: dict[str, str], body: bytes) -> Optional[tuple[int, bytes]]:
         """Let a ``before-send`` handler (moto's ``mock_aws``) answer, as botocore itself would."""
-        from botocore.awsrequest import AWSPreparedRequest
-
         request = AWSPreparedRequest("POST", self._request_url, headers, body, False)
-        for _, response in self._events.emit(f"before-send.dynamodb.{operation}", request=request):
+        for _, response in self._emitter.emit(event, request=request):
             if response is not None:
                 return int(response.status_code), bytes(response.content)
         return None
 
-    def _exchange(self, operation: str, headers: dict[str, str], body: bytes, timeout_s: float) -> tuple[int, bytes]:
-        head = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
-        message = (f"{self._request_line}{head}Content-Length: {len(body)}\r\n{self._fixed_headers}\r\n"
-                   ).encode("latin-1") + body
+    def _exchange(self, operation: str, message: bytes, timeout_s: float) -> tuple[int, bytes]:
         connection = self._checkout()
         if connection is None:
             try:
@@ -268,19 +386,25 @@ class FastTransport:
             except OSError as error:
                 raise StoreError(f"DynamoDB {operation} not sent: {error!r}", maybe_committed=False) from error
         deadline = time.monotonic() + timeout_s
+        sock = connection.sock
         try:
-            connection.sock.settimeout(timeout_s)
-            connection.sock.sendall(message)
+            # Every recv sets its own timeout (what is left until the deadline), so the sendall only needs
+            # one no longer than this request's: usually the last recv's left-over already is, which saves
+            # a syscall per request.
+            current = sock.gettimeout()
+            if current is None or current > timeout_s:
+                sock.settimeout(timeout_s)
+            sock.sendall(message)
             status, payload, keep_alive = _read_response(connection, deadline)
         except (OSError, ValueError) as error:
             # Bytes may have reached the server (even on a keep-alive connection it had closed): the
             # write's outcome is unknown, so it must be reconciled.
-            connection.sock.close()
+            sock.close()
             raise StoreError(f"DynamoDB {operation} failed after sending: {error!r}", maybe_committed=True) from error
         if keep_alive:
             self._checkin(connection)
         else:
-            connection.sock.close()
+            sock.close()
         return status, payload
 
     def _connect(self, timeout_s: float) -> _Connection:
