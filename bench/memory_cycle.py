@@ -20,7 +20,7 @@ from typing import Any, Callable
 from fastlease import DistributedLock, MemoryClient, SyncDistributedLock, _impl, distributed_lock
 
 compiled = _impl.load("c")  # built by make test; missing, the module fails to collect (never skips)
-twin = _impl.load("py")
+interpreted = _impl.load("py")
 
 Runner = Callable[[int], None]
 
@@ -78,7 +78,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     args = parser.parse_args()
 
-    contenders = {"c": fastlease_runners(compiled), "py": fastlease_runners(twin)}
+    contenders = {"c": fastlease_runners(compiled), "py": fastlease_runners(interpreted)}
     try:
         import pydynox
 

@@ -2,7 +2,7 @@
 
 Side by side in one run, on one redis-server started here (127.0.0.1, no persistence), in interleaved
 rounds (machine noise of ±25% then hits every contender alike), each on its own key:
-  * fastlease with the compiled core (c) and the pure-Python twin (py): one script to acquire (with the
+  * fastlease with the compiled engine (c) and the same engine interpreted (py): one script to acquire (with the
     fencing token), one to release;
   * redis-py's ``Lock``, python-redis-lock and the seed article's SET NX PX + Lua release
     (``bench/redis_peers.py``).
@@ -30,7 +30,7 @@ from fastlease.redis import RedisClient
 from fastlease.testing.redis_server import RedisServer
 
 compiled = _impl.load("c")  # built by make test; missing, the module fails to collect (never skips)
-twin = _impl.load("py")
+interpreted = _impl.load("py")
 
 
 def measure(cycle: Callable[[], None], count: int) -> tuple[float, float]:
@@ -67,7 +67,7 @@ def main() -> int:
     args = parser.parse_args()
     with RedisServer() as server:
         fastlease_c = RedisClient(server.url, _engine_module=compiled)
-        fastlease_py = RedisClient(server.url, _engine_module=twin)
+        fastlease_py = RedisClient(server.url, _engine_module=interpreted)
         plain = redis.Redis.from_url(server.url)
         contenders = {
             "fastlease, c": fastlease_cycle(fastlease_c, "cycle-c"),

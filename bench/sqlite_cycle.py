@@ -2,7 +2,7 @@
 
 Side by side in one run:
   * uncontended acquire+release cycles on a SQLite file (WAL) with fastlease's compiled core (c) and its
-    pure-Python twin (py), and the same on the in-memory store as the engine-only reference, in
+    interpreted engine (py), and the same on the in-memory store as the engine-only reference, in
     interleaved rounds (machine noise of ±25% then hits every contender alike);
   * 4 processes on one key of one SQLite file, 5 ms critical section (``bench/handoff.py``'s workload and
     report: handoff p50/p99, shares, reads). pydynox has no SQLite store, so it has no column here.
@@ -27,7 +27,7 @@ import handoff
 from fastlease import MemoryClient, SQLiteClient, SyncDistributedLock, _impl
 
 compiled = _impl.load("c")
-twin = _impl.load("py")
+interpreted = _impl.load("py")
 
 
 def cycles(client: Any, count: int) -> float:
@@ -47,9 +47,9 @@ def main() -> int:
     directory = tempfile.mkdtemp(prefix="fastlease-bench-")
     clients = {
         "sqlite, c": SQLiteClient(os.path.join(directory, "c.db"), _engine_module=compiled),
-        "sqlite, py": SQLiteClient(os.path.join(directory, "py.db"), _engine_module=twin),
+        "sqlite, py": SQLiteClient(os.path.join(directory, "py.db"), _engine_module=interpreted),
         "memory, c": MemoryClient(_engine_module=compiled),
-        "memory, py": MemoryClient(_engine_module=twin),
+        "memory, py": MemoryClient(_engine_module=interpreted),
     }
     print(f"# sqlite_cycle: {args.rounds} interleaved rounds x {args.cycles} cycles, Python "
           f"{platform.python_version()}, {platform.machine()}, {time.strftime('%Y-%m-%d')}")

@@ -1,7 +1,7 @@
 """Hostile input, generated: 40,000 key templates, argument values, keys, tables and durations
 (unicode, surrogates, huge strings, NaN, inf, negatives, bools posing as ints, other types).
 
-For every case: the compiled core and its pure-Python twin give the same outcome (the same result, or
+For every case: the compiled and the interpreted engine (one source) give the same outcome (the same result, or
 the same exception type and message); the only exceptions are the documented TypeError and ValueError,
 each with a message that names the problem; nothing crashes. Hypothesis runs derandomised, so CI sees
 the same cases every time.
@@ -19,7 +19,7 @@ from fastlease import MemoryClient, SyncDistributedLock, _impl
 from fastlease.idempotency import IdempotentCall
 
 compiled = _impl.load("c")  # built by make test; missing, the module fails to collect (never skips)
-twin = _impl.load("py")
+interpreted = _impl.load("py")
 
 pytestmark = pytest.mark.slow  # about 40 s of generated cases
 
@@ -45,7 +45,7 @@ durations = st.one_of(
 
 
 #: Guards are only built here, never entered: one client per implementation serves every case.
-CLIENTS = {compiled: MemoryClient(_engine_module=compiled), twin: MemoryClient(_engine_module=twin)}
+CLIENTS = {compiled: MemoryClient(_engine_module=compiled), interpreted: MemoryClient(_engine_module=interpreted)}
 
 
 def outcome(action: Callable[[], Any]) -> tuple:
@@ -59,8 +59,8 @@ def outcome(action: Callable[[], Any]) -> tuple:
 
 
 def same(action: Callable[[Any], Any]) -> tuple:
-    """The outcome with the compiled core, checked equal to the twin's."""
-    with_c, with_py = outcome(lambda: action(compiled)), outcome(lambda: action(twin))
+    """The outcome with the compiled engine, checked equal to the interpreted one's."""
+    with_c, with_py = outcome(lambda: action(compiled)), outcome(lambda: action(interpreted))
     assert with_c == with_py
     return with_c
 

@@ -1,3 +1,3 @@
-# The native core's interface (``_core.pyx``); ``_core_fallback.py`` is its pure-Python twin, and
+# The native core's interface (``_core.pyx``); ``_core_fallback.py`` is its pure-Python equivalent, and
 # tests/test_implementation.py checks that all three declare the same names.
 def new_token() -> str: ...

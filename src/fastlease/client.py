@@ -74,7 +74,7 @@ class LeaseClient:
 
     @property
     def implementation(self) -> str:
-        """``"c"`` when this client runs the compiled engine, ``"py"`` for the pure-Python twin."""
+        """``"c"`` when this client runs the compiled engine, ``"py"`` for the same source interpreted."""
         return str(self.engine_module.IMPLEMENTATION)
 
     @property

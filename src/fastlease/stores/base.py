@@ -8,6 +8,12 @@ every store. A lost race is a return value
 dropped response), so the engine knows to reconcile it with a consistent read.
 
 ``timeout_s`` bounds the request; ``usage`` receives consumed capacity of successful responses.
+
+What a store may run besides its requests: a *release feed* (``ReleaseFeed``, Redis pub/sub) keeps one
+listener connection with its own thread, and reconnects with back-off when it drops. That is not a
+protocol step: a feed only wakes waiters early, and whatever it does or fails to do, a waiter still
+has to win a conditional write, so it can never grant, extend or end ownership. Nothing else in a
+store runs in the background.
 """
 
 from __future__ import annotations
