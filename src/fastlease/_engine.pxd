@@ -118,14 +118,28 @@ cdef class Lease:
     cpdef add_capacity(self, double rcu, double wcu)
     cdef double _timeout_s(self, int64_t deadline_ns, int64_t now_ns) except? -1.0
     cdef bint _valid_at(self, int64_t mono_ns, int64_t wall_ns) noexcept
+    @cython.locals(span=int64_t)
     cdef void _set_validity(self, int64_t mono_ns, int64_t wall_ns) noexcept
     cdef bint _mark_lost(self, str cause) except -1
+    cdef str _lapse_cause(self)
+    cdef _announce_lost(self, str cause)
+    cdef _wait_turn(self, ReleaseSignals signals, int64_t delay_ns, bint after_attempt)
+    @cython.locals(state=int)
+    cdef _fail_acquisition(self, int64_t start_ns)
+    cdef _mark_waiting(self, str owner, str version, int64_t deadline_ns)
+    cdef object _put_or_read(self, int64_t deadline_ns)
+    @cython.locals(now_ns=int64_t)
+    cdef object _read(self, int64_t deadline_ns)
+    cdef bint _put(self, int64_t deadline_ns) except -1
+    cdef bint _take_over(self, str seen_owner, str seen_version, int64_t deadline_ns) except -1
+    cdef bint _reconcile_or_keep_pending(self, int64_t deadline_ns) except -1
+    cdef object _reconcile_acquisition(self, int64_t deadline_ns)
     @cython.locals(start_ns=int64_t, deadline_ns=int64_t, backoff_ns=int64_t, delay_ns=int64_t,
                    remaining_ns=int64_t, courtesy_ns=int64_t, acquired=bint, signals=ReleaseSignals)
     cpdef acquire(self)
     @cython.locals(now_ns=int64_t, remaining_ns=int64_t, seen_ns=int64_t, stored_lease_ms=int64_t)
     cdef bint _attempt(self, int64_t deadline_ns) except -1
-    @cython.locals(mono_ns=int64_t, wall_ns=int64_t)
+    @cython.locals(mono_ns=int64_t, wall_ns=int64_t, timeout_s=double)
     cdef bint _acquisition_write(self, int64_t deadline_ns, object seen_owner, object seen_version) except -1
     cdef bint _confirm(self, str owner, str version, int64_t mono_ns, int64_t wall_ns, object fence) except -1
     @cython.locals(deadline_ns=int64_t, retry_ns=int64_t, mono_ns=int64_t, wall_ns=int64_t, valid=bint)
