@@ -48,11 +48,37 @@ def test_native_core_its_fallback_and_its_stub_declare_the_same_names():
         return {name for name in names if not name.startswith("_")}
 
     stub = ast.parse((PACKAGE / "_core.pyi").read_text())
-    stubbed = public(node.name for node in stub.body if isinstance(node, ast.FunctionDef))
+    stubbed = public(node.name for node in stub.body if isinstance(node, (ast.FunctionDef, ast.ClassDef)))
     fallback = public(name for name, value in vars(_core_fallback).items()
-                      if callable(value) and getattr(value, "__module__", "") == _core_fallback.__name__)
+                      if callable(value) and not isinstance(value, type(ast)))
+    fallback -= {"annotations"}
     compiled = public(name for name, value in vars(native).items() if callable(value))
-    assert stubbed == fallback == compiled == {"new_token"}
+    assert stubbed == fallback == compiled == {"Mutex", "new_token"}
+
+
+@pytest.mark.parametrize("implementation", ["c", "py"])
+def test_the_mutex_of_each_engine_excludes_and_releases(implementation):
+    import threading
+
+    mutex = (_impl.load("c").__dict__ if implementation == "c" else vars(_impl.load("py")))["_new_mutex"]()
+    entered, inside = threading.Event(), []
+
+    def other() -> None:
+        entered.set()
+        with mutex:
+            inside.append("other")
+
+    with mutex:
+        thread = threading.Thread(target=other)
+        thread.start()
+        assert entered.wait(10)
+        thread.join(0.2)  # it cannot get in while we hold the mutex
+        assert thread.is_alive() and inside == []
+        inside.append("us")
+    thread.join(10)
+    assert inside == ["us", "other"] and not thread.is_alive()
+    assert mutex.acquire() is True
+    mutex.release()
 
 
 def test_tokens_are_uuid4_strings(core):

@@ -3,6 +3,10 @@
 """The native core: only what has to be written in C. The protocol itself is the engine,
 ``_engine.py``, written once and compiled from that same source.
 
+* ``Mutex``: the lock of the engine's short critical sections (a lease's state, the observation
+  cache, the release signals). On ``pymutex``, taking and releasing it from the compiled engine are
+  two C calls; a ``threading.Lock`` costs a Python method call with argument parsing each way, on
+  every hold's path. ``_core_fallback.Mutex`` is ``threading.Lock``.
 * Owner and version tokens: UUID4 strings formatted in C from a pooled ``os.urandom`` buffer. Every
   acquisition and every renewal makes one, so this is on the hot path; ``_core_fallback.py`` is the
   small pure-Python equivalent the interpreted engine uses. The pool is emptied in a forked child,
@@ -14,6 +18,27 @@ from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.string cimport memcpy
 
 import os
+
+@cython.final
+cdef class Mutex:
+    """A non-reentrant lock for short critical sections; ``with mutex:`` or acquire()/release()."""
+
+    cpdef acquire(self):
+        """Take the lock, waiting (with the GIL released) while another thread holds it."""
+        self._mutex.acquire()
+        return True
+
+    cpdef release(self):
+        """Release the lock, which the caller holds."""
+        self._mutex.release()
+
+    def __enter__(self):
+        self._mutex.acquire()
+        return self
+
+    def __exit__(self, *exc_info):
+        self._mutex.release()
+
 
 cdef unsigned char _pool[4096]
 cdef Py_ssize_t _pool_left = 0

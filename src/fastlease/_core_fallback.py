@@ -3,7 +3,11 @@ results (the suite compares the two)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+
+#: The lock of the engine's short critical sections (``_core.Mutex`` compiled).
+Mutex = threading.Lock
 
 
 def new_token() -> str:

@@ -6,6 +6,8 @@
 cimport cython
 from libc.stdint cimport int64_t
 
+from fastlease._core cimport Mutex
+
 
 cdef int64_t _NS_PER_MS
 
@@ -45,7 +47,7 @@ cdef class CallKey:
 cdef class ObservationCache:
     cdef readonly Py_ssize_t capacity
     cdef dict _entries
-    cdef object _mutex
+    cdef Mutex _mutex
 
     cpdef int64_t observe(self, tuple cache_key, str owner, str version, int64_t lease_ms, int64_t now_ns) except? -1
     cpdef forget(self, tuple cache_key)
@@ -54,7 +56,7 @@ cdef class ObservationCache:
 @cython.final
 cdef class ReleaseSignals:
     cdef dict _queues
-    cdef object _mutex
+    cdef Mutex _mutex
     cdef dict _contended
 
     cpdef wait(self, object clock, tuple cache_key, object ticket, double timeout_s)
@@ -85,7 +87,7 @@ cdef class Lease:
     cdef RenewalScheduler _scheduler
     cdef ReleaseSignals _signals
     cdef tuple _cache_key
-    cdef object _mutex
+    cdef Mutex _mutex
     cdef readonly int state
     cdef readonly object lost_cause
     cdef readonly object owner
@@ -157,8 +159,8 @@ cdef class RenewalScheduler:
     cdef list _heap
     cdef int64_t _sequence
     cdef Py_ssize_t _stale
-    cdef object _mutex
-    cdef object _cond
+    cdef Mutex _mutex
+    cdef object _wake
     cdef object _thread
     cdef object _workers
     cdef bint _closed

@@ -37,9 +37,12 @@ if TYPE_CHECKING:  # annotations only
 IMPLEMENTATION = "py" if __file__.endswith((".py", ".pyc")) else "c"
 
 if IMPLEMENTATION == "c":
-    # The compiled engine takes its tokens from the native core (pooled urandom, formatted in C).
+    # The compiled engine takes its tokens (pooled urandom, formatted in C) and its critical sections'
+    # lock from the native core.
+    from ._core import Mutex as _new_mutex
     from ._core import new_token
 else:
+    from ._core_fallback import Mutex as _new_mutex  # type: ignore[assignment]  # threading.Lock: same methods
     from ._core_fallback import new_token
 
 __all__ = ["check_table", "new_token"]  # re-exported for the layers above; the rest is by name
@@ -333,7 +336,7 @@ class ObservationCache:
         self.capacity = capacity
         # cache_key -> (owner, version, lease_ms, first seen ns); insertion order is the LRU order.
         self._entries: dict[tuple[str, str], tuple[str, str, int, int]] = {}
-        self._mutex = threading.Lock()
+        self._mutex = _new_mutex()
 
     def observe(self, cache_key: tuple[str, str], owner: str, version: str, lease_ms: int, now_ns: int) -> int:
         """Record a sighting; return how long (ns) this exact row has been seen unchanged."""
@@ -383,7 +386,7 @@ class ReleaseSignals:
     def __init__(self) -> None:
         # cache_key -> [ticket, ...], oldest first; removed when empty
         self._queues: dict[tuple[str, str], list[threading.Event]] = {}
-        self._mutex = threading.Lock()
+        self._mutex = _new_mutex()
         # cache_key -> this client's last release of a key that others wait for. Bounded; empty on
         # the uncontended path.
         self._contended: dict[tuple[str, str], int] = {}
@@ -496,7 +499,7 @@ class Lease:
         self._renewal_stopped = False  # max_hold reached; renewal thread only
         self._client = client  # handed back by the ``client`` property; the engine reads only ``engine``
         self._cache_key = (table, key)
-        self._mutex = threading.Lock()
+        self._mutex = _new_mutex()
         # Written by the caller's thread, and by the renewal thread only to move HELD -> LOST.
         self.state = NEW
         self.lost_cause: Optional[str] = None
@@ -1201,10 +1204,10 @@ class RenewalScheduler:
         self._heap: list[tuple[int, int, Lease]] = []
         self._sequence = 0
         self._stale = 0
-        # A plain lock for the short sections (the hot path: schedule and cancel on every hold), and a
-        # condition on the same lock for the scheduler thread's timed waits (they release the GIL).
-        self._mutex = threading.Lock()
-        self._cond = threading.Condition(self._mutex)
+        self._mutex = _new_mutex()  # guards the heap and the fields below; schedule and cancel on every hold
+        # Set to wake the scheduler thread before its timed wait ends (an earlier renewal, close). The
+        # thread clears it and then looks at the heap under _mutex, so a wake-up is never lost.
+        self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._workers: Optional[ThreadPoolExecutor] = None  # made at the first dispatch
         self._closed = False
@@ -1251,7 +1254,7 @@ class RenewalScheduler:
             self._thread = threading.Thread(target=self._run, name="fastlease-renewal", daemon=True)
             self._thread.start()
         elif earliest:
-            self._cond.notify()
+            self._wake.set()
 
     def cancel(self, lease: Lease) -> None:
         self._mutex.acquire()  # not `with`: on every hold's path (see Lease.acquire)
@@ -1331,27 +1334,31 @@ class RenewalScheduler:
     def _run(self) -> None:
         clock = self._clock
         while True:
+            timeout_s = SCHEDULER_IDLE_EXIT_MS / 1000
             with self._mutex:
-                while True:
-                    if self._closed:
-                        self._thread = None
-                        return
-                    now_ns = clock.monotonic_ns()
-                    lease = self._pop_due(now_ns)
-                    if lease is not None:
-                        break
-                    if self._heap:
-                        self._cond.wait((self._heap[0][0] - now_ns) / 1e9)
-                    elif not self._cond.wait(SCHEDULER_IDLE_EXIT_MS / 1000) and not self._heap and not self._closed:
+                if self._closed:
+                    self._thread = None
+                    return
+                now_ns = clock.monotonic_ns()
+                lease = self._pop_due(now_ns)
+                if lease is None and self._heap:
+                    timeout_s = (self._heap[0][0] - now_ns) / 1e9
+            if lease is not None:
+                self._dispatch(lease, now_ns)
+                continue
+            woken = self._wake.wait(timeout_s)  # releases the GIL while it waits
+            self._wake.clear()
+            if not woken:
+                with self._mutex:
+                    if not self._heap and not self._closed:
                         self._thread = None  # idle: exit; the next schedule() starts a new thread
                         return
-            self._dispatch(lease, now_ns)
 
     def close(self) -> None:
         """Stop the thread; held leases stop renewing and lapse locally at their validity."""
         with self._mutex:
             self._closed = True
-            self._cond.notify_all()
+        self._wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
