@@ -16,6 +16,7 @@ cpdef int64_t renew_interval_ns(int64_t lease_ms)
 cpdef int64_t renew_retry_ns(int64_t lease_ms)
 cpdef int64_t request_timeout_ns(int64_t lease_ms)
 cpdef int64_t cleanup_budget_ns(int64_t lease_ms)
+cpdef int64_t next_backoff_ns(int64_t backoff_ns)
 
 @cython.locals(size=Py_ssize_t)
 cpdef str check_key(object key)
@@ -149,6 +150,7 @@ cdef class Lease:
     cdef int64_t _confirm_renewal(self, object old_version, str new_version, int64_t mono_ns, int64_t wall_ns) except? -1
     @cython.locals(budget_ns=int64_t, deleted=bint)
     cpdef release(self)
+    cdef int64_t _pause_before_retry(self, int64_t backoff_ns, int64_t deadline_ns) except? -1
     @cython.locals(deadline_ns=int64_t, backoff_ns=int64_t, now_ns=int64_t, ambiguous=bint)
     cdef bint _delete_owned(self, object owner, int64_t budget_ns, bint raise_on_failure=*) except -1
 

@@ -103,6 +103,11 @@ def cleanup_budget_ns(lease_ms: int) -> int:
     return min(lease_ms * 600_000, 10_000_000_000)
 
 
+def next_backoff_ns(backoff_ns: int) -> int:
+    """After another transient store error the back-off doubles, up to five poll intervals."""
+    return min(backoff_ns * 2, POLL_INTERVAL_MS * 5 * _NS_PER_MS)
+
+
 # ---------------------------------------------------------------------------------------------
 # Clocks
 # ---------------------------------------------------------------------------------------------
@@ -746,7 +751,7 @@ class Lease:
                 except StoreError as error:
                     last_error = error
                     delay_ns = int(backoff_ns * (0.5 + random.random()))
-                    backoff_ns = min(backoff_ns * 2, POLL_INTERVAL_MS * 5 * _NS_PER_MS)
+                    backoff_ns = next_backoff_ns(backoff_ns)
                 remaining_ns = deadline_ns - self._mono()
                 if self.wait_ms == 0 or remaining_ns <= 0 or self._cancelled:
                     break
@@ -1105,7 +1110,6 @@ class Lease:
         ``released_by_store``.
         """
         check_not_forked(self._pid)
-        clock = self._clock
         budget_ns = cleanup_budget_ns(self.lease_ms)
         deadline_ns = self._mono() + budget_ns
         backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
@@ -1129,12 +1133,19 @@ class Lease:
                 _log.debug("final write of %r failed (maybe committed: %s): %s", self.key,
                            failure.maybe_committed, failure)
                 ambiguous = ambiguous or failure.maybe_committed
-                if self._mono() + backoff_ns >= deadline_ns:
+                backoff_ns = self._pause_before_retry(backoff_ns, deadline_ns)
+                if not backoff_ns:
                     self._cleanup_failures += 1
                     raise
-            clock.wait(_NEVER_SET, backoff_ns / 1e9)
-            backoff_ns = min(backoff_ns * 2, POLL_INTERVAL_MS * 5 * _NS_PER_MS)
         self.released_by_store()
+
+    def _pause_before_retry(self, backoff_ns: int, deadline_ns: int) -> int:
+        """Sleep ``backoff_ns`` before retrying after a transient store error, if that ends before
+        ``deadline_ns``; return the next back-off, or 0 (no sleep) when the budget is spent."""
+        if self._mono() + backoff_ns >= deadline_ns:
+            return 0
+        self._clock.wait(_NEVER_SET, backoff_ns / 1e9)
+        return next_backoff_ns(backoff_ns)
 
     def _delete_owned(self, owner: Optional[str], budget_ns: int, raise_on_failure: bool = False) -> bool:
         """Delete the row if ``owner`` still holds it, retrying transient errors within the budget.
@@ -1143,7 +1154,6 @@ class Lease:
         False: the row belongs to someone else or was absent. Raises LockReleaseError when the
         outcome stays unknown and ``raise_on_failure`` is set; otherwise logs and returns True.
         """
-        clock = self._clock
         deadline_ns = self._mono() + budget_ns
         backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
         error: Optional[StoreError] = None
@@ -1171,11 +1181,9 @@ class Lease:
                 error = failure
                 _log.debug("release of %r failed (maybe committed: %s): %s", self.key, failure.maybe_committed, failure)
                 ambiguous = ambiguous or failure.maybe_committed
-            now_ns = self._mono()
-            if now_ns + backoff_ns >= deadline_ns:
+            backoff_ns = self._pause_before_retry(backoff_ns, deadline_ns)
+            if not backoff_ns:
                 break
-            clock.wait(_NEVER_SET, backoff_ns / 1e9)
-            backoff_ns = min(backoff_ns * 2, POLL_INTERVAL_MS * 5 * _NS_PER_MS)
         self._cleanup_failures += 1
         message = f"release of {self.key!r} in table {self.table!r} unconfirmed after {budget_ns / 1e9:g}s"
         if raise_on_failure:
