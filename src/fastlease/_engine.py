@@ -224,7 +224,6 @@ class KeyTemplate:
     can collide by containing the separator.
     """
 
-
     def __init__(self, template: object) -> None:
         if type(template) is not str:
             raise TypeError(f"key template must be a str, got {type(template).__name__}: {template!r:.80}")
@@ -300,7 +299,6 @@ class CallKey:
     its default or MISSING. Both come from ``inspect.signature`` once, at decoration.
     """
 
-
     def __init__(self, template: KeyTemplate, positions: tuple[int, ...], defaults: tuple[Any, ...]) -> None:
         if len(positions) != len(template.names) or len(defaults) != len(template.names):
             raise ValueError("positions and defaults must match the template's placeholders")
@@ -333,7 +331,6 @@ class ObservationCache:
     lease_ms: clocks of different machines are never compared. Bounded LRU; evicting an entry only
     restarts that row's observation, so it can delay recovery but never allow an early takeover.
     """
-
 
     def __init__(self, capacity: int = OBSERVATION_CACHE_SIZE) -> None:
         if type(capacity) is not int or capacity < 1:
@@ -386,7 +383,6 @@ class ReleaseSignals:
       winner that yields merely because its own wait was long does worse: the key idles while
       former holders sit out their courtesy waits, and whoever returns first takes a long run.)
     """
-
 
     def __init__(self) -> None:
         # cache_key -> [ticket, ...], oldest first; removed when empty

@@ -36,7 +36,7 @@ __all__ = ["distributed_lock"]
 class _LockSpec:
     """Everything a decorated function's calls share; ``guard`` builds one call's lease."""
 
-    __slots__ = ("client", "table", "call_key", "options", "_lease_class")
+    __slots__ = ("client", "table", "call_key", "options")
 
     def __init__(
         self,
@@ -49,11 +49,10 @@ class _LockSpec:
         self.table = table
         self.call_key = call_key
         self.options = options  # validated once, at decoration
-        self._lease_class = client.engine_module.Lease
 
     def guard(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> SyncDistributedLock:
         key = self.call_key.resolve(args, kwargs)
-        return SyncDistributedLock._from_lease(self._lease_class(self.client, self.table, key, *self.options))
+        return SyncDistributedLock.with_options(self.client, table=self.table, key=key, options=self.options)
 
 
 def _bind_template(core: Any, template: Any, fn: Callable[..., Any]) -> Any:

@@ -106,10 +106,8 @@ def guard_options(lease_duration: Any, wait_timeout: Any, max_hold: Any, on_lost
     if on_lost is None:
         try:
             return _options_without_callback(lease_duration, wait_timeout, max_hold)
-        except TypeError as error:
-            if "unhashable" not in str(error):
-                raise
-            # An unhashable value (a list, say): the validator below names it.
+        except TypeError:
+            pass  # an unhashable value (a list, say) or a bad type: the validator below names it
     return LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold, on_lost)
 
 
