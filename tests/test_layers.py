@@ -19,7 +19,8 @@ ROOT = Path(fastlease.__file__).parent
 PACKAGE = "fastlease"
 
 #: Modules of the engine layer: the one engine source, its native core and fallback, and the selector.
-ENGINE = frozenset({"fastlease._engine", "fastlease._core", "fastlease._core_fallback", "fastlease._impl"})
+ENGINE = frozenset({"fastlease._engine", "fastlease._core", "fastlease._core_fallback", "fastlease._impl",
+                    "fastlease._renewal_link", "fastlease._renewal_process"})
 #: Imported by every layer.
 SHARED = frozenset({"fastlease.exceptions", "fastlease._logging", "fastlease._typing"})
 

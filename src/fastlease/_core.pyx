@@ -15,7 +15,9 @@
 
 cimport cython
 from cpython.unicode cimport PyUnicode_DecodeASCII
-from libc.string cimport memcpy
+from libc.errno cimport errno
+from libc.stdlib cimport calloc, free
+from libc.string cimport memcpy, strdup
 
 import os
 
@@ -101,3 +103,386 @@ def _empty_pool_in_child():
 os.register_at_fork(
     before=_hold_pool_for_fork, after_in_parent=_resume_pool_in_parent, after_in_child=_empty_pool_in_child
 )
+
+
+# ---- the renewal pulse -----------------------------------------------------------------------
+# A native thread that never takes the GIL: every interval it writes a pulse frame, and any staged
+# frames before it, to the renewal process's pipe (fastlease._renewal_link). It keeps writing while
+# another thread of this process holds the GIL for seconds (a long C call), so the renewal process
+# knows the holder is alive; it stops when the whole process is stopped (SIGSTOP, a frozen Lambda),
+# and it does not exist in a forked child, so the renewal process stops renewing for both.
+#
+# Frames: u32 length (of what follows), u64 id, payload; id 0 with no payload is a pulse. Writes are
+# of whole frames, at most PIPE_BUF bytes each, so a non-blocking write to the pipe is all or nothing
+# and a frame is never split: a staged frame that has not been written can still be taken back.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <stdlib.h>
+    #include <string.h>
+    #ifndef _WIN32
+    #include <errno.h>
+    #include <fcntl.h>
+    #include <pthread.h>
+    #include <signal.h>
+    #include <spawn.h>
+    #include <time.h>
+    #include <unistd.h>
+    extern char **environ;
+    #define FL_HAVE_PULSE 1
+    #else
+    #define FL_HAVE_PULSE 0
+    #endif
+
+    #define FL_FRAME_HEAD 12
+    #define FL_WRITE_MAX 4096
+    #define FL_BUFFER_MAX (16u << 20)
+
+    typedef struct {
+    #if FL_HAVE_PULSE
+        pthread_mutex_t mutex;
+    #endif
+        int fd;
+        int interval_ms;
+        int refs;            /* the Python object and the thread; the last one frees */
+        int stop;
+        uint64_t pulses;     /* pulse frames written */
+        char *buf;           /* staged frames, whole frames from offset 0 */
+        size_t len, cap;
+        char **argv;         /* the process the thread starts first (NULL: none), and the fds it gets */
+        int give[2];
+        long child;          /* its pid once started; -errno if it could not be; 0 before */
+    } fl_pulse;
+
+    static void fl_put_head(char *at, uint32_t len, uint64_t id) {
+        memcpy(at, &len, 4);
+        memcpy(at + 4, &id, 8);
+    }
+
+    static int fl_reserve(fl_pulse *p, size_t more) {
+        size_t want = p->len + more, cap = p->cap ? p->cap : 1024;
+        char *grown;
+        if (want > FL_BUFFER_MAX) return -1;
+        while (cap < want) cap *= 2;
+        if (cap == p->cap) return 0;
+        grown = (char *)realloc(p->buf, cap);
+        if (!grown) return -1;
+        p->buf = grown;
+        p->cap = cap;
+        return 0;
+    }
+
+    #if FL_HAVE_PULSE
+    static void fl_unref_locked_and_unlock(fl_pulse *p) {
+        int last = --p->refs == 0;
+        pthread_mutex_unlock(&p->mutex);
+        if (last) {
+            pthread_mutex_destroy(&p->mutex);
+            close(p->fd);
+            free(p->buf);
+            free(p);
+        }
+    }
+
+    /* Under the mutex: write whole staged frames while the pipe takes them. */
+    static void fl_flush_locked(fl_pulse *p) {
+        size_t done = 0;
+        while (done < p->len) {
+            size_t chunk = 0;
+            ssize_t wrote;
+            while (done + chunk < p->len) {
+                uint32_t flen;
+                memcpy(&flen, p->buf + done + chunk, 4);
+                if (chunk && chunk + 4 + flen > FL_WRITE_MAX) break;
+                chunk += 4 + flen;
+            }
+            wrote = write(p->fd, p->buf + done, chunk);
+            if (wrote != (ssize_t)chunk) break;   /* full (EAGAIN) or closed: keep them staged */
+            done += chunk;
+        }
+        if (done) {
+            memmove(p->buf, p->buf + done, p->len - done);
+            p->len -= done;
+        }
+    }
+
+    /* Start the renewal process from this thread: no GIL needed, so it starts even when the thread
+       that acquired the first lease goes straight into a long GIL-holding call. The two fds were
+       made inheritable for it, and are closed here once it has them. */
+    static void fl_spawn_locked(fl_pulse *p) {
+        posix_spawnattr_t attr;
+        sigset_t none;
+        pid_t pid;
+        int rc, i;
+        posix_spawnattr_init(&attr);
+        sigemptyset(&none);
+        posix_spawnattr_setsigmask(&attr, &none);  /* not this thread's all-blocked mask */
+        posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+        rc = posix_spawn(&pid, p->argv[0], NULL, &attr, p->argv, environ);
+        posix_spawnattr_destroy(&attr);
+        p->child = rc == 0 ? (long)pid : -(long)rc;
+        for (i = 0; i < 2; i++) if (p->give[i] >= 0) close(p->give[i]);
+        for (i = 0; p->argv[i]; i++) free(p->argv[i]);
+        free(p->argv);
+        p->argv = NULL;
+    }
+
+    static void *fl_pulse_main(void *arg) {
+        fl_pulse *p = (fl_pulse *)arg;
+        sigset_t all;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, NULL);   /* signals are the interpreter's main thread's */
+        pthread_mutex_lock(&p->mutex);
+        if (p->argv) fl_spawn_locked(p);
+        pthread_mutex_unlock(&p->mutex);
+        for (;;) {
+            struct timespec pause;
+            pthread_mutex_lock(&p->mutex);
+            if (p->stop) break;
+            if (p->len == 0 && fl_reserve(p, FL_FRAME_HEAD) == 0) {
+                /* a pulse only when nothing is waiting: a blocked pipe gets no pile of pulses */
+                fl_put_head(p->buf, 8, 0);
+                p->len = FL_FRAME_HEAD;
+                fl_flush_locked(p);
+                if (p->len == 0) p->pulses++;
+                else p->len = 0;                  /* not written: drop it */
+            } else {
+                fl_flush_locked(p);
+            }
+            pthread_mutex_unlock(&p->mutex);
+            pause.tv_sec = p->interval_ms / 1000;
+            pause.tv_nsec = (long)(p->interval_ms % 1000) * 1000000L;
+            nanosleep(&pause, NULL);
+        }
+        fl_unref_locked_and_unlock(p);
+        return NULL;
+    }
+    #endif
+
+    /* NULL on failure (errno set). The fd is duplicated: the pulse owns its copy. */
+    static fl_pulse *fl_pulse_start(int fd, int interval_ms, char **argv, int give_a, int give_b) {
+    #if FL_HAVE_PULSE
+        pthread_attr_t attr;
+        pthread_t thread;
+        int rc;
+        fl_pulse *p = (fl_pulse *)calloc(1, sizeof(fl_pulse));
+        if (!p) return NULL;
+        p->argv = argv;
+        p->give[0] = give_a;
+        p->give[1] = give_b;
+        p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (p->fd < 0) { free(p); return NULL; }
+        fcntl(p->fd, F_SETFL, fcntl(p->fd, F_GETFL) | O_NONBLOCK);
+        p->interval_ms = interval_ms;
+        p->refs = 2;
+        pthread_mutex_init(&p->mutex, NULL);
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+        rc = pthread_create(&thread, &attr, fl_pulse_main, p);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) {
+            pthread_mutex_destroy(&p->mutex);
+            close(p->fd);
+            free(p);
+            errno = rc;
+            return NULL;
+        }
+        return p;
+    #else
+        (void)fd; (void)interval_ms; (void)argv; (void)give_a; (void)give_b;
+        return NULL;
+    #endif
+    }
+
+    static long fl_pulse_child(fl_pulse *p) {
+    #if FL_HAVE_PULSE
+        long child;
+        pthread_mutex_lock(&p->mutex);
+        child = p->child;
+        pthread_mutex_unlock(&p->mutex);
+        return child;
+    #else
+        (void)p;
+        return 0;
+    #endif
+    }
+
+    static int fl_pulse_stage(fl_pulse *p, uint64_t id, const char *data, size_t size) {
+    #if FL_HAVE_PULSE
+        int ok = -1;
+        if (size + FL_FRAME_HEAD > FL_WRITE_MAX) return -1;
+        pthread_mutex_lock(&p->mutex);
+        if (!p->stop && fl_reserve(p, FL_FRAME_HEAD + size) == 0) {
+            fl_put_head(p->buf + p->len, (uint32_t)(8 + size), id);
+            memcpy(p->buf + p->len + FL_FRAME_HEAD, data, size);
+            p->len += FL_FRAME_HEAD + size;
+            ok = 0;
+        }
+        pthread_mutex_unlock(&p->mutex);
+        return ok;
+    #else
+        (void)p; (void)id; (void)data; (void)size;
+        return -1;
+    #endif
+    }
+
+    /* 1 if the frame was still staged and is now taken back, 0 if it was written (or never staged). */
+    static int fl_pulse_unstage(fl_pulse *p, uint64_t id) {
+    #if FL_HAVE_PULSE
+        size_t at = 0;
+        int found = 0;
+        pthread_mutex_lock(&p->mutex);
+        while (at < p->len) {
+            uint32_t flen;
+            uint64_t fid;
+            memcpy(&flen, p->buf + at, 4);
+            memcpy(&fid, p->buf + at + 4, 8);
+            if (fid == id) {
+                memmove(p->buf + at, p->buf + at + 4 + flen, p->len - at - 4 - flen);
+                p->len -= 4 + flen;
+                found = 1;
+                break;
+            }
+            at += 4 + flen;
+        }
+        pthread_mutex_unlock(&p->mutex);
+        return found;
+    #else
+        (void)p; (void)id;
+        return 0;
+    #endif
+    }
+
+    static uint64_t fl_pulse_count(fl_pulse *p) {
+    #if FL_HAVE_PULSE
+        uint64_t n;
+        pthread_mutex_lock(&p->mutex);
+        n = p->pulses;
+        pthread_mutex_unlock(&p->mutex);
+        return n;
+    #else
+        (void)p;
+        return 0;
+    #endif
+    }
+
+    /* A forked child: close its copy of the pipe; the struct is never touched again (its mutex may
+       be held by a thread that does not exist here). */
+    static void fl_pulse_forget(fl_pulse *p) {
+    #if FL_HAVE_PULSE
+        close(p->fd);
+    #else
+        (void)p;
+    #endif
+    }
+
+    static void fl_pulse_stop(fl_pulse *p) {
+    #if FL_HAVE_PULSE
+        pthread_mutex_lock(&p->mutex);
+        p->stop = 1;
+        fl_unref_locked_and_unlock(p);
+    #else
+        (void)p;
+    #endif
+    }
+    """
+    ctypedef struct fl_pulse:
+        pass
+    int FL_HAVE_PULSE
+    fl_pulse* fl_pulse_start(int fd, int interval_ms, char** argv, int give_a, int give_b) nogil
+    long fl_pulse_child(fl_pulse* p) nogil
+    int fl_pulse_stage(fl_pulse* p, unsigned long long id, const char* data, size_t size) nogil
+    int fl_pulse_unstage(fl_pulse* p, unsigned long long id) nogil
+    unsigned long long fl_pulse_count(fl_pulse* p) nogil
+    void fl_pulse_stop(fl_pulse* p) nogil
+    void fl_pulse_forget(fl_pulse* p) nogil
+
+
+@cython.final
+cdef class Pulse:
+    """The renewal pulse (see above): ``Pulse(fd, interval_ms, argv, give)`` starts the native thread
+    on a duplicate of ``fd``; the thread first starts the process ``argv`` (an absolute path first),
+    which inherits the two fds of ``give`` (made inheritable; the pulse closes them once it has).
+    ``native`` is True: it keeps going while another thread holds the GIL."""
+
+    cdef fl_pulse* _pulse
+    cdef long _pid
+    native = True
+
+    def __cinit__(self, int fd, int interval_ms, argv=None, give=(-1, -1)):
+        cdef char** c_argv = NULL
+        cdef Py_ssize_t i
+        cdef bytes arg
+        if not FL_HAVE_PULSE:
+            raise OSError("the native renewal pulse needs POSIX threads")
+        if interval_ms < 1:
+            raise ValueError(f"interval_ms must be at least 1, got {interval_ms}")
+        if argv is not None:
+            args = [os.fsencode(a) for a in argv]
+            c_argv = <char**>calloc(len(args) + 1, sizeof(char*))
+            if c_argv == NULL:
+                raise MemoryError()
+            for i in range(len(args)):
+                arg = args[i]
+                c_argv[i] = strdup(arg)
+        self._pulse = fl_pulse_start(fd, interval_ms, c_argv, give[0], give[1])
+        if self._pulse == NULL:
+            if c_argv != NULL:
+                i = 0
+                while c_argv[i] != NULL:
+                    free(c_argv[i])
+                    i += 1
+                free(c_argv)
+            raise OSError(errno, "could not start the renewal pulse thread")
+        self._pid = os.getpid()
+
+    @property
+    def child(self):
+        """The started process's id; 0 while not started yet, or negative (-errno) if it failed."""
+        return fl_pulse_child(self._pulse) if self._usable() else 0
+
+    cdef bint _usable(self):
+        # In a forked child the thread does not exist and its mutex may be held: never touch it.
+        return self._pulse != NULL and self._pid == os.getpid()
+
+    def stage(self, unsigned long long frame_id, bytes payload):
+        """Queue a frame for the next pulse; False if it cannot be (too big, the pulse stopped)."""
+        cdef const char* data = payload
+        cdef size_t size = len(payload)
+        cdef int ok
+        if frame_id == 0 or not self._usable():
+            return False
+        with nogil:
+            ok = fl_pulse_stage(self._pulse, frame_id, data, size)
+        return ok == 0
+
+    def unstage(self, unsigned long long frame_id):
+        """Take a staged frame back: True if it had not been written yet (and now never will be)."""
+        cdef int found
+        if not self._usable():
+            return False
+        with nogil:
+            found = fl_pulse_unstage(self._pulse, frame_id)
+        return found == 1
+
+    @property
+    def pulses(self):
+        """Pulse frames written so far."""
+        return fl_pulse_count(self._pulse) if self._usable() else 0
+
+    def forget_in_child(self):
+        """In a forked child: close this process's copy of the pipe, and never use the pulse again."""
+        if self._pulse != NULL and self._pid != os.getpid():
+            fl_pulse_forget(self._pulse)
+            self._pulse = NULL
+
+    def close(self):
+        """Stop the thread (within one interval); staged frames are dropped. Idempotent."""
+        if self._usable():
+            fl_pulse_stop(self._pulse)
+        self._pulse = NULL
+
+    def __dealloc__(self):
+        if self._pulse != NULL and self._pid == os.getpid():
+            fl_pulse_stop(self._pulse)

@@ -3,8 +3,14 @@ results (the suite compares the two)."""
 
 from __future__ import annotations
 
+import os
+import struct
 import threading
 import uuid
+
+TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
+if TYPE_CHECKING:
+    from typing import Optional
 
 #: The lock of the engine's short critical sections (``_core.Mutex`` compiled).
 Mutex = threading.Lock
@@ -13,3 +19,91 @@ Mutex = threading.Lock
 def new_token() -> str:
     """A random UUID4 string: used for every owner and every version."""
     return str(uuid.uuid4())
+
+
+class Pulse:
+    """The renewal pulse on a Python thread (``_core.Pulse`` is native): the same frames, but it
+    needs the GIL, so it stops, and renewal with it, while another thread holds the GIL."""
+
+    native = False
+
+    def __init__(self, fd: int, interval_ms: int, argv: "Optional[list[str]]" = None,
+                 give: tuple[int, int] = (-1, -1)) -> None:
+        if interval_ms < 1:
+            raise ValueError(f"interval_ms must be at least 1, got {interval_ms}")
+        self._argv, self._give = argv, give
+        self._child = 0
+        self._fd = os.dup(fd)
+        os.set_blocking(self._fd, False)
+        self._interval_s = interval_ms / 1000
+        self._lock = threading.Lock()
+        self._staged: list[tuple[int, bytes]] = []
+        self._stop = threading.Event()
+        self._pid = os.getpid()
+        self._pulses = 0
+        threading.Thread(target=self._run, name="fastlease-pulse", daemon=True).start()
+
+    def _usable(self) -> bool:
+        return not self._stop.is_set() and self._pid == os.getpid()
+
+    def stage(self, frame_id: int, payload: bytes) -> bool:
+        if frame_id == 0 or len(payload) + 12 > PULSE_WRITE_MAX or not self._usable():
+            return False
+        with self._lock:
+            self._staged.append((frame_id, payload))
+        return True
+
+    def unstage(self, frame_id: int) -> bool:
+        if not self._usable():
+            return False
+        with self._lock:
+            for index, (staged_id, _) in enumerate(self._staged):
+                if staged_id == frame_id:
+                    del self._staged[index]
+                    return True
+        return False
+
+    @property
+    def pulses(self) -> int:
+        return self._pulses
+
+    @property
+    def child(self) -> int:
+        return self._child
+
+    def forget_in_child(self) -> None:
+        if self._pid != os.getpid() and not self._stop.is_set():
+            self._stop.set()
+            os.close(self._fd)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        if self._argv is not None:
+            try:
+                self._child = os.posix_spawn(self._argv[0], self._argv, os.environ)
+            except OSError as error:
+                self._child = -(error.errno or 1)
+            for fd in self._give:
+                if fd >= 0:
+                    os.close(fd)
+        try:
+            while not self._stop.wait(self._interval_s):
+                with self._lock:
+                    frames = self._staged or [(0, b"")]
+                    while frames:
+                        frame_id, payload = frames[0]
+                        try:
+                            os.write(self._fd, struct.pack("=IQ", 8 + len(payload), frame_id) + payload)
+                        except (BlockingIOError, OSError):
+                            break
+                        if frame_id == 0:
+                            self._pulses += 1
+                        frames.pop(0)
+        finally:
+            os.close(self._fd)
+
+
+#: Frames up to this size are written whole (PIPE_BUF), so they are never split.
+PULSE_WRITE_MAX = 4096

@@ -102,6 +102,10 @@ cdef class Lease:
     cdef int _renew_errors
     # Read and written by the scheduler under its lock; public because heap entries are untyped tuples.
     cdef public int64_t _renew_at_ns
+    cdef public bint _renewing
+    cdef int64_t _link_id
+    cdef object _link
+    cdef object _listener
     cdef int64_t _hint_ns
     cdef bint _row_seen
     cdef int64_t _acquire_start_ns
@@ -173,7 +177,7 @@ cdef class RenewalScheduler:
     cpdef schedule(self, Lease lease, int64_t due_ns)
     @cython.locals(earliest=bint)
     cdef _push_locked(self, Lease lease, int64_t due_ns)
-    cpdef cancel(self, Lease lease)
+    cpdef bint cancel(self, Lease lease) except -1
     @cython.locals(due_ns=int64_t, late_ns=int64_t)
     cdef Lease _pop_due(self, int64_t now_ns)
     cdef _reschedule(self, Lease lease, int64_t next_ns)
@@ -188,3 +192,5 @@ cdef class Engine:
     cdef readonly RenewalScheduler scheduler
     cdef readonly ReleaseSignals signals
     cdef public object release_feed
+    cdef public object link
+    cdef public object renewal_listener

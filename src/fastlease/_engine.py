@@ -73,7 +73,12 @@ ERROR_BACKOFF_MS = 25
 SCHEDULER_IDLE_EXIT_MS = 30_000
 #: Renewal requests run on up to this many worker threads per client, so one slow request (up to its
 #: timeout) delays no other lease's renewal; the scheduler thread itself only waits and dispatches.
-RENEWAL_WORKERS = 8
+#: With it, the renewal path of a client runs four threads at most, however many leases it holds.
+RENEWAL_WORKERS = 3
+#: Leases at least this long are renewed by the client's renewal process (``_renewal_link``), which
+#: keeps renewing while this process's GIL is held; its first renewal, lease/3 after the acquisition,
+#: comes well after the registration reaches it (within one pulse, 100 ms). Shorter leases renew here.
+DELEGATE_MIN_LEASE_MS = 1000
 
 _NS_PER_MS = 1_000_000
 
@@ -520,6 +525,10 @@ class Lease:
         self._renew_pending: Optional[tuple[str, int, int]] = None
         self._renew_errors = 0  # consecutive failed renewal requests; renewal thread only
         self._renew_at_ns = 0  # due time of the live heap entry; 0 when unscheduled (under scheduler lock)
+        self._renewing = False  # a worker runs its renewal step now (under scheduler lock)
+        # The renewal process renews this lease: its registration id with the client's link, else 0.
+        # Set by the caller's thread before renewal is scheduled; cleared once, under _mutex.
+        self._link_id = 0
         self._hint_ns = 0  # how long the last failed attempt suggests waiting; caller only
         self._row_seen = False  # the last attempt found the key held; caller only
         self._acquire_start_ns = 0  # when acquire() began; caller only
@@ -563,6 +572,10 @@ class Lease:
         self._signals = engine.signals
         # The store's feed of releases made anywhere (Redis pub/sub), or None; our watch while waiting.
         self._feed = engine.release_feed
+        # The client's renewal process (``_renewal_link.RenewalLink``), or None: renewals stay here.
+        self._link = engine.link
+        # Told of every confirmed renewal (the renewal process reports them to the holder), or None.
+        self._listener = engine.renewal_listener
 
     # ---- small helpers ---------------------------------------------------------------------
     def add_capacity(self, rcu: float, wcu: float) -> None:
@@ -626,6 +639,7 @@ class Lease:
         """Runs once per lease, in the thread that found the loss (usually the renewal thread): stop
         renewing, log, set the ``lost`` event, call ``on_lost`` (its exceptions are logged, not raised)."""
         self._scheduler.cancel(self)
+        self._end_delegation()
         _log.warning("lease lost: table=%s key=%r cause=%s", self.table, self.key, cause)
         with self._mutex:
             event = self._lost_event
@@ -666,11 +680,15 @@ class Lease:
 
     def is_valid(self) -> bool:
         """True while the lease is held and within its validity on both clocks."""
+        if self._link_id:
+            self._link.sync()  # renewals the renewal process confirmed meanwhile count first
         with self._mutex:
             return self.state == HELD and self._valid_at(self._mono(), self._wall())
 
     def raise_if_lost(self) -> None:
         """Raise LockLost unless ownership is still valid now (a local check, no request)."""
+        if self._link_id:
+            self._link.sync()  # renewals the renewal process confirmed meanwhile count first
         with self._mutex:
             state = self.state
             if state == HELD:
@@ -970,6 +988,8 @@ class Lease:
             return False
         if self._row_seen:  # only an acquisition that observed the key can have left a sighting
             self._observations.forget(self._cache_key)
+        if self._link is not None and self.lease_ms >= DELEGATE_MIN_LEASE_MS:
+            self._link_id = self._link.register(self, mono_ns, wall_ns, self._hold_until_ns)
         self._scheduler.schedule(self, mono_ns + renew_interval_ns(self.lease_ms))
         return True
 
@@ -988,6 +1008,10 @@ class Lease:
             return 0
 
     def _renew_step(self, now_ns: int) -> int:
+        if self._link_id:
+            self._link.sync()
+            if self._link_id:  # (the renewal process may have ended: then renewals are ours again)
+                return self._watch_delegated(now_ns)
         with self._mutex:
             if self.state != HELD:
                 return 0
@@ -1047,7 +1071,97 @@ class Lease:
             self._set_validity(mono_ns, wall_ns)
         self._renewals += 1
         self._renew_errors = 0
+        if self._listener is not None:
+            self._listener(self)
         return mono_ns + renew_interval_ns(self.lease_ms)
+
+    # ---- renewal by the client's renewal process ----------------------------------------------
+    def _watch_delegated(self, now_ns: int) -> int:
+        """The in-process step of a lease the renewal process renews: no request. Its confirmations
+        were applied (``sync``) just before; here a lapse becomes a loss and ``max_hold`` stops the
+        renewals. Comes back every lease/3, and at the end of validity."""
+        with self._mutex:
+            if self.state != HELD:
+                return 0
+            deadline_ns = self._valid_until_mono_ns
+            valid = self._valid_at(self._mono(), self._wall())
+        if not valid:
+            self._mark_lost(self._lapse_cause())
+            return 0
+        if self._hold_until_ns and now_ns >= self._hold_until_ns:
+            self._end_delegation()
+            self._renewal_stopped = True
+            return deadline_ns
+        self._link.refresh()
+        return min(now_ns + renew_interval_ns(self.lease_ms), deadline_ns)
+
+    def _end_delegation(self) -> None:
+        """Stop the renewal process renewing this lease, and wait until it has (its last confirmed
+        renewal applied): before a release is sent, after a loss, at ``max_hold``. No-op otherwise."""
+        with self._mutex:
+            link_id, self._link_id = self._link_id, 0
+        if link_id:
+            self._link.stop(self, link_id)
+
+    def delegation_ended(self) -> None:
+        """The renewal process is gone (it died or could not start): renewals are this process's again."""
+        with self._mutex:
+            self._link_id = 0
+
+    def apply_renewal(self, version: str, mono_ns: int, wall_ns: int, counters: tuple[int, int, int, int, int]) -> None:
+        """A renewal the renewal process confirmed: validity from the stamp taken before its write.
+
+        Applied only while the lease is held and that stamp lies within the validity it extends, so a
+        late confirmation never revives a lapsed or lost lease.
+        """
+        with self._mutex:
+            if self.state == HELD and self._link_id and self._valid_at(mono_ns, wall_ns):
+                self.version = version
+                self._set_validity(mono_ns, wall_ns)
+            (self._renew_writes, self._renew_reads, self._renew_conditional_failures,
+             self._renew_request_failures, self._renewals) = counters
+
+    def apply_loss(self, cause: str, counters: tuple[int, int, int, int, int]) -> None:
+        """The renewal process lost the lease (the store refused a renewal, or it lapsed there)."""
+        with self._mutex:
+            self._link_id = 0
+            (self._renew_writes, self._renew_reads, self._renew_conditional_failures,
+             self._renew_request_failures, self._renewals) = counters
+        self._mark_lost(cause)
+
+    def adopt(self, owner: str, version: str, fence: Optional[int], mono_ns: int, wall_ns: int,
+              hold_until_ns: int) -> bool:
+        """NEW -> HELD from another process's confirmed acquisition (the renewal process renews it):
+        validity from that write's stamps, renewals scheduled from there. False if already lapsed."""
+        with self._mutex:
+            if self.state != NEW:
+                raise RuntimeError("only a new lease can adopt an acquisition")
+            self._set_validity(mono_ns, wall_ns)
+            if not self._valid_at(self._mono(), self._wall()):
+                self.state = FAILED
+                return False
+            self.owner, self.version, self.fencing_token = owner, version, fence
+            self._hold_until_ns = hold_until_ns
+            self.state = HELD
+        self._scheduler.schedule(self, mono_ns + renew_interval_ns(self.lease_ms))
+        return True
+
+    def renewal_state(self) -> tuple[str, int, int, tuple[int, int, int, int, int]]:
+        """(version, monotonic and wall stamps its validity counts from, renewal counters): what the
+        renewal process reports to the holder after each confirmed renewal."""
+        with self._mutex:
+            return (cast(str, self.version), self._valid_until_mono_ns - validity_ns(self.lease_ms),
+                    self._wall_stamp_ns, (self._renew_writes, self._renew_reads, self._renew_conditional_failures,
+                                          self._renew_request_failures, self._renewals))
+
+    def stop_renewing(self) -> None:
+        """HELD -> RELEASED without a request, and return once no renewal write of it is in flight:
+        the renewal process, when the holder releases (the holder sends the release itself)."""
+        with self._mutex:
+            if self.state == HELD:
+                self.state = RELEASED
+        self._scheduler.cancel(self)
+        self._scheduler.wait_idle(self, 2 * request_timeout_ns(self.lease_ms))
 
     # ---- release (caller's thread) -------------------------------------------------------------
     def release(self) -> None:
@@ -1063,7 +1177,11 @@ class Lease:
                 raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[state]}")
         finally:
             self._mutex.release()
-        self._scheduler.cancel(self)
+        if self._scheduler.cancel(self):
+            # A renewal write is in flight: let it finish, so that no renewal lands after the release.
+            self._scheduler.wait_idle(self, 2 * request_timeout_ns(self.lease_ms))
+        if self._link_id:
+            self._end_delegation()
         budget_ns = cleanup_budget_ns(self.lease_ms)
         try:
             deleted = self._delete_owned(self.owner, budget_ns, raise_on_failure=True)
@@ -1092,6 +1210,7 @@ class Lease:
                 raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[self.state]}")
             self.state = RELEASED
         self._scheduler.cancel(self)
+        self._end_delegation()
         self._signals.released(self._cache_key, False, self._mono())
 
     def release_by_write(self, write: Callable[[float], bool], landed: Callable[[float], bool]) -> None:
@@ -1106,6 +1225,9 @@ class Lease:
         ``released_by_store``.
         """
         check_not_forked(self._pid)
+        if self._link_id:
+            self.raise_if_lost()  # (applies the renewal process's last confirmations first)
+            self._end_delegation()  # no renewal lands after the write that ends the lease
         budget_ns = cleanup_budget_ns(self.lease_ms)
         deadline_ns = self._mono() + budget_ns
         backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
@@ -1260,7 +1382,8 @@ class RenewalScheduler:
         elif earliest:
             self._wake.set()
 
-    def cancel(self, lease: Lease) -> None:
+    def cancel(self, lease: Lease) -> bool:
+        """Unschedule ``lease``; True if a worker is running its renewal step right now."""
         self._mutex.acquire()  # not `with`: on every hold's path (see Lease.acquire)
         try:
             if lease._renew_at_ns:
@@ -1270,8 +1393,23 @@ class RenewalScheduler:
                     self._heap = [entry for entry in self._heap if entry[2]._renew_at_ns == entry[0]]
                     heapq.heapify(self._heap)
                     self._stale = 0
+            return lease._renewing
         finally:
             self._mutex.release()
+
+    def wait_idle(self, lease: Lease, timeout_ns: int) -> bool:
+        """Wait (up to ``timeout_ns``, real time) until no worker runs a renewal step of ``lease``;
+        rare, so it polls with a growing pause instead of giving every lease an event."""
+        deadline_ns = time.monotonic_ns() + timeout_ns
+        pause_s = 0.0002
+        while True:
+            with self._mutex:
+                if not lease._renewing:
+                    return True
+            if time.monotonic_ns() >= deadline_ns:
+                return False
+            _NEVER_SET.wait(pause_s)
+            pause_s = min(pause_s * 2, 0.005)
 
     def next_due_ns(self) -> int:
         """Due time of the earliest live renewal, or 0 when none is scheduled."""
@@ -1289,6 +1427,7 @@ class RenewalScheduler:
             due_ns, _, lease = heapq.heappop(heap)
             if lease._renew_at_ns == due_ns:
                 lease._renew_at_ns = 0
+                lease._renewing = True
                 late_ns = now_ns - due_ns
                 self._late_count += 1
                 self._late_total_ns += late_ns
@@ -1315,13 +1454,14 @@ class RenewalScheduler:
         try:
             self._workers.submit(self._renew, lease, now_ns)
         except RuntimeError:  # the pool was shut down by close(): leases lapse locally, as documented
-            pass
+            self._reschedule(lease, 0)
 
     def _reschedule(self, lease: Lease, next_ns: int) -> None:
-        if next_ns:
-            with self._mutex:
-                if not self._closed:
-                    self._push_locked(lease, next_ns)
+        """A renewal step has ended: schedule the next one (``next_ns``; 0 for none)."""
+        with self._mutex:
+            lease._renewing = False
+            if next_ns and not self._closed:
+                self._push_locked(lease, next_ns)
 
     def run_due(self) -> int:
         """Run every renewal due now in the calling thread; returns how many ran (manual clocks)."""
@@ -1390,7 +1530,14 @@ class Engine:
         # Stores that can report releases made by other processes (Redis pub/sub) set this before
         # the first lease; None means waiters poll.
         self.release_feed: Any = None
+        # The client's renewal process (``_renewal_link.RenewalLink``), set by clients whose store it
+        # can renew; None keeps every renewal in this process.
+        self.link: Any = None
+        # The renewal process's own engine sets this: called after each confirmed renewal.
+        self.renewal_listener: Optional[Callable[[Lease], None]] = None
 
     def close(self) -> None:
         """Stop renewing: held leases lapse locally at their validity; others recover their rows."""
         self.scheduler.close()
+        if self.link is not None:
+            self.link.close()

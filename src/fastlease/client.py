@@ -39,6 +39,11 @@ class LeaseClient:
     its processes, so that a fresh process can take over an abandoned lease without first watching
     it for a whole lease itself (see ``fastlease.observations``). Clients must not be used in a
     forked child process (RuntimeError): make one per process.
+
+    ``renewal``: ``"auto"`` (the default) renews leases of 1 s or more from a renewal process, one per
+    client, started at the first such lease, so that they keep renewing while this process's GIL is
+    held by a long C call; ``"thread"`` keeps every renewal on this process's renewal thread (so does
+    the environment variable ``FASTLEASE_RENEWAL=thread``). See docs/architecture.md.
     """
 
     def __init__(
@@ -47,6 +52,7 @@ class LeaseClient:
         *,
         clock: Optional[Clock] = None,
         shared_observations: "bool | str | os.PathLike[str]" = False,
+        renewal: str = "auto",
         _engine_module: Optional[ModuleType] = None,
     ) -> None:
         core = _engine_module if _engine_module is not None else _impl.core
@@ -68,6 +74,15 @@ class LeaseClient:
         #: The engine's state for this client (store, clock, observations, renewal scheduler, release
         #: signals): every lease of the client reads it, and nothing else of the client.
         self.engine: Engine = core.Engine(store, clock, observations)
+        if renewal not in ("auto", "thread"):
+            raise ValueError(f"renewal must be 'auto' or 'thread', got {renewal!r}")
+        if renewal == "auto" and clock is None and os.name == "posix" and hasattr(store, "renewal_config") \
+                and os.environ.get("FASTLEASE_RENEWAL", "auto") != "thread":
+            from ._renewal_link import RenewalLink
+
+            self.engine.link = RenewalLink(store.renewal_config,
+                                           getattr(store, "renewal_credentials", lambda: None),
+                                           getattr(store, "renewal_delegable", lambda: True))
         self._executor: Optional[ThreadPoolExecutor] = None  # the async API's worker threads, made on first use
         self._short_executor: Optional[ThreadPoolExecutor] = None
         self._executor_lock = threading.Lock()

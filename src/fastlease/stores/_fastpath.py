@@ -262,45 +262,94 @@ class FastTransport:
         credentials = getattr(getattr(boto3_client, "_request_signer", None), "_credentials", None)
         if credentials is None:
             raise FastPathUnavailable("the client has no credentials")
-        self._credentials = credentials
         events = meta.events
         # boto3's meta.events is an EventAliaser around a HierarchicalEmitter: names are aliased once per
         # operation (_operation_miss) and emitted straight to the inner emitter, as the aliaser itself does.
-        self._emitter = getattr(events, "_emitter", events)
-        self._alias: Callable[[str], str] = getattr(events, "_alias_event_name", str)
+        emitter = getattr(events, "_emitter", events)
+        alias: Callable[[str], str] = getattr(events, "_alias_event_name", str)
+        self._verify = _verify_setting(boto3_client)
+        self._setup(meta.endpoint_url, meta.region_name, credentials, emitter, alias, user_agent)
+
+    @classmethod
+    def for_renewal(cls, config: Any, credentials: Any) -> FastTransport:
+        """The renewal process's transport, from the holder's ``renewal_config()``: no boto3 client, no
+        event handlers, the holder's credentials (``update_credentials`` when they are refreshed)."""
+        _, endpoint_url, region, user_agent, verify = config
+        transport = cls.__new__(cls)
+        transport._verify = verify
+        held = _HeldCredentials()
+        held.update(credentials)
+        transport._setup(endpoint_url, region, held, None, str, user_agent)
+        return transport
+
+    def renewal_config(self) -> Any:
+        """What the renewal process needs to send this transport's requests (not the credentials)."""
+        return ("dynamodb", self._endpoint_url, self._signer_region, self._user_agent, self._verify)
+
+    def renewal_credentials(self) -> Any:
+        """(access key, secret key, token, expiry as epoch seconds or None), read from the provider
+        (which may refresh them, as before any request), or None when they cannot be read now."""
+        try:
+            frozen = self._credentials.get_frozen_credentials()
+        except BotoCoreError:
+            return None
+        expiry: Any = getattr(self._credentials, "_expiry_time", None)  # RefreshableCredentials' datetime
+        return (frozen.access_key, frozen.secret_key, frozen.token,
+                expiry.timestamp() if hasattr(expiry, "timestamp") else None)
+
+    def update_credentials(self, credentials: Any) -> None:
+        self._credentials.update(credentials)
+
+    def renewal_delegable(self) -> bool:
+        """False while a handler in this process may answer the lock's requests (moto's ``mock_aws``
+        active, a stub): another process would send them to the endpoint instead."""
+        if self._emitter is None:
+            return True
+        event = self._alias("before-send.dynamodb.UpdateItem")
+        handlers = getattr(self._emitter, "_handlers", None)
+        if handlers is None:
+            return False
+        return all(type(handler).__name__ == "BotocoreStubber" and getattr(handler, "enabled", True) is False
+                   for handler in handlers.prefix_search(event))
+
+    def _setup(self, endpoint_url: str, region: str, credentials: Any, emitter: Any, alias: Callable[[str], str],
+               user_agent: str) -> None:
+        url = urlsplit(endpoint_url)
+        hostname = url.hostname or ""  # (__init__ refused an endpoint without one)
+        self._credentials = credentials
+        self._emitter = emitter
+        self._alias = alias
+        self._user_agent = user_agent
+        self._signer_region = region
         # operation -> (target, event name, request head prefix); see _operation_miss.
         self._operations: dict[str, tuple[str, str, str]] = {}
-        self._endpoint_url = meta.endpoint_url
+        self._endpoint_url = endpoint_url
         self._secure = url.scheme == "https"
-        self._hostname = url.hostname
+        self._hostname = hostname
         default_port = 443 if self._secure else 80
         self._port = url.port or default_port
-        host = url.hostname.lower()
+        host = hostname.lower()
         if ":" in host:
             host = f"[{host}]"
         self._host_header = host if self._port == default_port else f"{host}:{self._port}"
         self._path = url.path or "/"
         self._request_url = f"{url.scheme}://{self._host_header}{self._path}"
-        self._signer = SigV4Signer(meta.region_name)
+        self._signer = SigV4Signer(region)
         self._request_line = f"POST {self._path} HTTP/1.1\r\n"
         self._fixed_headers = f"User-Agent: {user_agent}\r\nConnection: keep-alive\r\n"
-        self._ssl_context = self._make_ssl_context(boto3_client) if self._secure else None
+        self._ssl_context = self._make_ssl_context(self._verify) if self._secure else None
         self._idle: list[_Connection] = []
         self._idle_lock = threading.Lock()
 
     @staticmethod
-    def _make_ssl_context(boto3_client: Any) -> ssl.SSLContext:
-        """Verify certificates exactly as the boto3 client would (its ``verify`` setting and CA bundle)."""
-        from botocore.httpsession import get_cert_path
-
-        verify = getattr(getattr(boto3_client, "_endpoint", None), "http_session", None)
-        verify = getattr(verify, "_verify", True)
+    def _make_ssl_context(verify: Any) -> ssl.SSLContext:
+        """Verify certificates exactly as the boto3 client would (``_verify_setting``)."""
         if verify is False:
             context = ssl.create_default_context()
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
             return context
-        return ssl.create_default_context(cafile=get_cert_path(verify))
+        return ssl.create_default_context(cafile=verify)
 
     # ---- requests ----------------------------------------------------------------------------
     def call(self, operation: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -364,6 +413,8 @@ class FastTransport:
         (un)register; an empty entry is exactly its own "no handlers, return []" short cut. Any other
         emitter, or a name not looked up yet since the last registration, is emitted to.
         """
+        if self._emitter is None:  # the renewal process's transport: no handlers exist there
+            return False
         cache = getattr(self._emitter, "_lookup_cache", None)
         if type(cache) is not dict:
             return True
@@ -441,6 +492,48 @@ class FastTransport:
             idle, self._idle = self._idle, []
         for connection in idle:
             connection.sock.close()
+
+
+def _verify_setting(boto3_client: Any) -> Any:
+    """The boto3 client's certificate check: False (none), or the CA bundle file it verifies with."""
+    from botocore.httpsession import get_cert_path
+
+    verify = getattr(getattr(boto3_client, "_endpoint", None), "http_session", None)
+    verify = getattr(verify, "_verify", True)
+    return False if verify is False else get_cert_path(verify)
+
+
+class _Frozen:
+    __slots__ = ("access_key", "secret_key", "token")
+
+    def __init__(self, access_key: str, secret_key: str, token: Optional[str]) -> None:
+        self.access_key, self.secret_key, self.token = access_key, secret_key, token
+
+
+class _HeldCredentials:
+    """The renewal process's credentials: the holder's, as last sent; refused after their expiry, so
+    that a holder that cannot refresh them loses its leases instead of renewing on stale ones."""
+
+    def __init__(self) -> None:
+        self._frozen: Optional[_Frozen] = None
+        self._expiry_s: Optional[float] = None
+
+    def update(self, credentials: Any) -> None:
+        if credentials is None:
+            return
+        access_key, secret_key, token, expiry_s = credentials
+        self._frozen = _Frozen(access_key, secret_key, token)
+        self._expiry_s = expiry_s
+
+    def get_frozen_credentials(self) -> _Frozen:
+        from botocore.exceptions import CredentialRetrievalError
+
+        if self._frozen is None:
+            raise CredentialRetrievalError(provider="the lease holder", error_msg="no credentials were sent")
+        if self._expiry_s is not None and time.time() >= self._expiry_s:
+            raise CredentialRetrievalError(provider="the lease holder",
+                                           error_msg="its credentials expired and no refreshed ones came")
+        return self._frozen
 
 
 def _environment_proxy(endpoint_url: str) -> bool:

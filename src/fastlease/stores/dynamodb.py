@@ -234,6 +234,25 @@ class DynamoDBStore:
     def __init__(self, transport: Any) -> None:
         self.transport = transport
 
+    # ---- the renewal process (fastlease._renewal_link) -------------------------------------------------
+    def renewal_config(self) -> Any:
+        """The fast path's endpoint, Region and TLS settings for another process, or why not."""
+        config = getattr(self.transport, "renewal_config", None)
+        if config is None:
+            return "plain boto3 lock clients (fast_path=False, or settings the fast path does not take)"
+        return config()
+
+    def renewal_credentials(self) -> Any:
+        credentials = getattr(self.transport, "renewal_credentials", None)
+        return credentials() if credentials is not None else None
+
+    def renewal_delegable(self) -> bool:
+        delegable = getattr(self.transport, "renewal_delegable", None)
+        return bool(delegable()) if delegable is not None else False
+
+    def update_credentials(self, credentials: Any) -> None:
+        self.transport.update_credentials(credentials)
+
     def _send(self, operation: str, params: dict[str, Any], timeout_s: float, usage: UsageMeter, key: str) -> Any:
         """Send one request. Returns the response, or None for a failed condition."""
         params["ReturnConsumedCapacity"] = "TOTAL"

@@ -161,6 +161,12 @@ MAX_SOCKET_TIMEOUT_S = 5.0
 _TRANSIENT_REPLIES = frozenset({"BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "OOM", "CLUSTERDOWN"})
 
 
+#: Connection settings the store sets itself on every connection (see ``RedisStore.new_connection``),
+#: or redis-py's own defaults objects: not given to the renewal process, which makes its own.
+_RENEWAL_RESET_SETTINGS = frozenset({"retry", "retry_on_error", "retry_on_timeout", "decode_responses",
+                                     "himport_registry", "driver_info"})
+
+
 def lease_key(table: str, key: str) -> bytes:
     """The Redis key of the lease on ``key`` in lock table ``table``."""
     return f"{PREFIX}:{table}:lease:".encode() + key.encode("utf-8")
@@ -467,6 +473,40 @@ class RedisStore:
         args = (record.owner, record.state, record.fingerprint, record.result, record.expires_at_ms, px,
                 release_channel(lock_table, key))
         return self.run_script(_FINISH, key, timeout_s, keys, args) == 1
+
+    # ---- the renewal process (fastlease._renewal_link) -------------------------------------------------
+    def renewal_config(self) -> Any:
+        """The pool's connection settings for another process (address or unix socket, db, username
+        and password, TLS and its options, timeouts), or why they cannot be given there: a setting
+        that is a live object (a credential provider, a connect callback, an SSL context, ...)."""
+        import pickle
+
+        kind = self.pool.connection_class
+        redis = self._redis
+        known = {redis.connection.Connection: "tcp", redis.connection.SSLConnection: "ssl",
+                 redis.connection.UnixDomainSocketConnection: "unix"}
+        if kind not in known:
+            return f"the Redis connection class {kind.__name__} cannot be reproduced in another process"
+        settings = {}
+        for name, value in self.pool.connection_kwargs.items():
+            if name in _RENEWAL_RESET_SETTINGS or name.startswith(("maint_notifications", "orig_")):
+                continue  # replaced by new_connection(), or redis-py's own bookkeeping
+            if value is None or isinstance(value, (str, bytes, int, float, bool)):
+                settings[name] = value
+                continue
+            try:
+                pickle.loads(pickle.dumps(value))
+            except Exception:  # noqa: BLE001 - any failure means: not reproducible
+                return f"the Redis setting {name}={type(value).__name__} cannot be given to another process"
+            return f"the Redis setting {name}={type(value).__name__} is an object, not a plain value"
+        return ("redis", known[kind], settings)
+
+    @classmethod
+    def from_renewal_config(cls, config: Any) -> RedisStore:
+        redis = load_redis()
+        kind = {"tcp": redis.connection.Connection, "ssl": redis.connection.SSLConnection,
+                "unix": redis.connection.UnixDomainSocketConnection}[config[1]]
+        return cls(redis.ConnectionPool(connection_class=kind, **config[2]))
 
     def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
         """Held leases of ``table`` (or only ``key``'s), as stored. SCAN, then one HGETALL each."""

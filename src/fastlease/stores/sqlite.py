@@ -363,6 +363,15 @@ class SQLiteStore:
         columns = ("key", "owner", "version", "lease_ms", "protocol", "waiting", "fence")
         return [{**dict(zip(columns, row)), "waiting": row[5] == 1} for row in found]
 
+    # ---- the renewal process (fastlease._renewal_link) -------------------------------------------------
+    def renewal_config(self) -> Any:
+        """What another process needs to renew on this file: the path."""
+        return ("sqlite", self.path)
+
+    @classmethod
+    def from_renewal_config(cls, config: Any) -> SQLiteStore:
+        return cls(config[1])
+
     def close(self) -> None:
         """Close this thread's connection (others close when their threads end)."""
         connection = getattr(self._local, "connection", None)

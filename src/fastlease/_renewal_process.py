@@ -1,0 +1,260 @@
+"""The renewal process: renews one client's leases while the holder's own threads may be stuck.
+
+Started by ``_renewal_link.RenewalLink`` as ``python -m fastlease._renewal_process SOCKET PIPE``; it
+runs the same engine (``Lease.adopt`` takes over the holder's confirmed acquisition, and the engine's
+renewal scheduler and steps renew it, with reconciliation of unknown outcomes), on a store rebuilt
+from the holder's settings. It adds three rules of its own:
+
+* it sends a request only within ``PULSE_SILENCE_MS`` of the holder's last pulse (``GatedStore``):
+  a holder stopped as a whole renews nothing, so a contender takes over after the lease;
+* it reports every confirmed renewal (version, the stamps taken before its write, counters) and
+  every loss; the holder extends its own validity from those reports only;
+* "stop" makes a lease stop renewing, and is answered once no renewal write of it is in flight.
+
+It exits when the holder closes the socket or the pipe (the client closed, or the holder died).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import types
+
+from . import _impl
+from ._renewal_link import CREDENTIALS, LOST, PULSE_SILENCE_MS, RENEWED, STOP, STOPPED, frame, split_frames
+from .exceptions import StoreError
+
+TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+_log = logging.getLogger("fastlease.renewal")
+_PIPE_HEAD = struct.Struct("=IQ")
+
+
+class Pulses:
+    """When the holder's last pulse arrived (monotonic ns; the clock is system-wide on Linux)."""
+
+    def __init__(self) -> None:
+        self.last_ns = time.monotonic_ns()
+
+    def fresh(self) -> bool:
+        return time.monotonic_ns() - self.last_ns < PULSE_SILENCE_MS * 1_000_000
+
+
+class GatedStore:
+    """The store, for the two requests renewal makes, refused while the holder sends no pulse."""
+
+    def __init__(self, store: Any, pulses: Pulses) -> None:
+        self.store = store
+        self._pulses = pulses
+
+    def _check(self) -> None:
+        if not self._pulses.fresh():
+            raise StoreError(f"no pulse from the holder for {PULSE_SILENCE_MS} ms (stopped or frozen): "
+                             "not renewing", maybe_committed=False)
+
+    def read(self, table: str, key: str, timeout_s: float, usage: Any) -> Any:
+        self._check()
+        return self.store.read(table, key, timeout_s, usage)
+
+    def update_version_if(self, table: str, key: str, owner: str, version: str, new_version: str,
+                          timeout_s: float, usage: Any) -> bool:
+        self._check()
+        return bool(self.store.update_version_if(table, key, owner, version, new_version, timeout_s, usage))
+
+
+def build_store(config: Any, credentials: Any) -> Any:
+    """The store a holder described with its ``renewal_config()``."""
+    kind = config[0]
+    if kind == "sqlite":
+        from .stores.sqlite import SQLiteStore
+
+        return SQLiteStore.from_renewal_config(config)
+    if kind == "redis":
+        from .stores.redis import RedisStore
+
+        return RedisStore.from_renewal_config(config)
+    if kind == "dynamodb":
+        from .stores._fastpath import FastTransport
+        from .stores.dynamodb import DynamoDBStore
+
+        return DynamoDBStore(FastTransport.for_renewal(config, credentials))
+    raise ValueError(f"unknown store kind {kind!r}")
+
+
+class RenewalProcess:
+    def __init__(self, sock: socket.socket, pipe: int) -> None:
+        self._sock = sock
+        self._pipe = pipe
+        self._pulses = Pulses()
+        self._buffer = bytearray()
+        self._pipe_buffer = bytearray()
+        self._leases: dict[int, Any] = {}  # registration id -> the lease renewed here
+        self._ids: dict[int, int] = {}  # id() of such a lease -> its registration id
+        self._outbox: dict[int, tuple[Any, ...]] = {}  # the latest report per lease: newer ones replace it
+        self._outbox_ready = threading.Condition()
+        self._closing = False
+        self._early: list[Any] = []
+        config, credentials = self._read_first_frame()
+        self.store = build_store(config, credentials)
+        core = _impl.core
+        self._core = core
+        self.engine = core.Engine(GatedStore(self.store, self._pulses), None, core.ObservationCache(16))
+        self.engine.renewal_listener = self._renewed
+        self._client = types.SimpleNamespace(engine=self.engine)
+        threading.Thread(target=self._send_reports, name="fastlease-renewal-reports", daemon=True).start()
+
+    def _read_first_frame(self) -> Any:
+        while True:
+            messages = split_frames(self._buffer)
+            if messages:
+                self._early = messages[1:]  # a "stop" can come before we ran: handled first in run()
+                return messages[0]
+            data = self._sock.recv(65536)
+            if not data:
+                raise SystemExit(0)
+            self._buffer += data
+
+    # ---- reports to the holder -----------------------------------------------------------------
+    def _report(self, link_id: int, message: tuple[Any, ...]) -> None:
+        with self._outbox_ready:
+            self._outbox[link_id] = message
+            self._outbox_ready.notify()
+
+    def _renewed(self, lease: Any) -> None:
+        link_id = self._ids.get(id(lease))
+        if link_id is None:
+            return
+        version, mono_ns, wall_ns, counters = lease.renewal_state()
+        self._report(link_id, (RENEWED, link_id, version, mono_ns, wall_ns, counters))
+
+    def _forget(self, link_id: int) -> Any:
+        lease = self._leases.pop(link_id, None)
+        if lease is not None:
+            self._ids.pop(id(lease), None)
+        return lease
+
+    def _lost(self, link_id: int, cause: str) -> None:
+        lease = self._forget(link_id)
+        if lease is None:
+            return
+        _, _, _, counters = lease.renewal_state()
+        self._report(link_id, (LOST, link_id, cause, 0, 0, counters))
+
+    def _send_reports(self) -> None:
+        while True:
+            with self._outbox_ready:
+                while not self._outbox and not self._closing:
+                    self._outbox_ready.wait()
+                if self._closing:
+                    return
+                reports, self._outbox = list(self._outbox.values()), {}
+            try:
+                self._sock.sendall(b"".join(frame(report) for report in reports))
+            except OSError:
+                return
+
+    # ---- requests from the holder ----------------------------------------------------------------
+    def _adopt(self, link_id: int, payload: bytes) -> None:
+        import marshal
+
+        table, key, owner, version, lease_ms, fence, mono_ns, wall_ns, hold_until_ns = marshal.loads(payload)
+        lease = self._core.Lease(self._client, table, key, lease_ms, 0, 0,
+                                 lambda lost: self._lost(link_id, str(lost.cause)))
+        self._leases[link_id] = lease
+        self._ids[id(lease)] = link_id
+        if not lease.adopt(owner, version, fence, mono_ns, wall_ns, hold_until_ns):
+            self._forget(link_id)
+            self._report(link_id, (LOST, link_id, "expired", 0, 0, (0, 0, 0, 0, 0)))
+
+    def _stop(self, link_id: int) -> None:
+        lease = self._forget(link_id)
+        if lease is None:  # lost meanwhile: its LOST report answers the holder
+            return
+
+        def stop() -> None:
+            lease.stop_renewing()
+            version, mono_ns, wall_ns, counters = lease.renewal_state()
+            self._report(link_id, (STOPPED, link_id, version, mono_ns, wall_ns, counters))
+
+        if lease._renewing:  # a write is in flight: wait for it off the main loop
+            threading.Thread(target=stop, daemon=True).start()
+        else:
+            stop()
+
+    def _on_socket(self) -> bool:
+        data = self._sock.recv(65536)
+        if not data:
+            return False
+        self._buffer += data
+        self._handle(split_frames(self._buffer))
+        return True
+
+    def _handle(self, messages: list[Any]) -> None:
+        for message in messages:
+            if message[0] == STOP:
+                self._read_pipe()  # the registration it answers may still wait in the pipe
+                self._stop(message[1])
+            elif message[0] == CREDENTIALS:
+                self.store.update_credentials(message[1])
+
+    def _read_pipe(self) -> bool:
+        try:
+            data = os.read(self._pipe, 65536)
+        except BlockingIOError:
+            return True
+        if not data:
+            return False
+        self._pipe_buffer += data
+        at, buffer = 0, self._pipe_buffer
+        while len(buffer) - at >= 4:
+            size, link_id = _PIPE_HEAD.unpack_from(buffer, at)
+            if len(buffer) - at - 4 < size:
+                break
+            if link_id == 0:
+                self._pulses.last_ns = time.monotonic_ns()
+            else:
+                self._adopt(link_id, bytes(buffer[at + 12:at + 4 + size]))
+            at += 4 + size
+        del buffer[:at]
+        return True
+
+    def run(self) -> None:
+        os.set_blocking(self._pipe, False)
+        try:
+            self._handle(self._early)
+            while True:
+                ready, _, _ = select.select([self._sock.fileno(), self._pipe], [], [], 1.0)
+                if self._pipe in ready and not self._read_pipe():
+                    return
+                if self._sock.fileno() in ready and not self._on_socket():
+                    return
+        finally:
+            with self._outbox_ready:
+                self._closing = True
+                self._outbox_ready.notify()
+            self.engine.close()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the holder, which then releases
+    logging.basicConfig(level=logging.WARNING, format="fastlease renewal process: %(message)s")
+    sock = socket.socket(fileno=int(args[0]))
+    try:
+        RenewalProcess(sock, int(args[1])).run()
+    except (OSError, SystemExit):
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
