@@ -56,7 +56,7 @@ STOP_GRACE_S = 2.0
 # Holder -> renewal process, on the socket: frames of u32 length + marshal((kind, ...)).
 STOP, CREDENTIALS = 1, 2
 # Renewal process -> holder: (kind, id, version or cause, mono_ns, wall_ns, counters).
-RENEWED, LOST, STOPPED = 1, 2, 3
+RENEWED, LOST, STOPPED, READY = 1, 2, 3, 4
 _LENGTH = struct.Struct("=I")
 
 
@@ -118,10 +118,13 @@ class RenewalLink:
         self._sent_credentials: Any = None
         self._sock: Optional[socket.socket] = None
         self._pulse: Any = None
+        self._renewer_pid = 0  # the renewal process's id, from its READY report
+        self._reaped = False  # the process the pulse started, which forks the renewal process and exits
         self._pid = os.getpid()
         _links.add(self)
-        #: The renewal process's start-up: seconds from the first lease until its first report.
+        #: When the renewal process was started (monotonic s), and how long it took to report ready.
         self.started_at = 0.0
+        self.ready_after_s: Optional[float] = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def _start_locked(self) -> bool:
@@ -171,23 +174,30 @@ class RenewalLink:
         if self._pulse is not None:
             self._pulse.close()
         self._close_socket()
-        self._reap(wait_s=1.0)
+        self._reap_starter(wait_s=1.0)
 
-    def _reap(self, wait_s: float) -> None:
-        """Collect the renewal process's exit status once it has exited (it exits when the socket
-        closes), so that no zombie is left; waits at most ``wait_s``."""
-        pid = self.pid
-        if not pid:
+    def _reap_starter(self, wait_s: float) -> None:
+        """Collect the exit status of the process the pulse started. It forks the renewal process and
+        exits at once, so the renewal process is not our child: it never becomes a zombie of ours,
+        and ``os.wait()`` in the application never returns it. Waits at most ``wait_s``."""
+        child = self._pulse.child if self._pulse is not None else 0
+        if self._reaped or child == 0:
+            return
+        if child < 0:
+            self._reaped = True
             return
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
+                done, _ = os.waitpid(child, os.WNOHANG)
             except ChildProcessError:
+                done = child
+            if done:
+                self._reaped = True
                 return
-            if done or time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 return
-            time.sleep(0.005)
+            time.sleep(0.002)
 
     def _close_socket(self) -> None:
         sock, self._sock = self._sock, None
@@ -270,6 +280,12 @@ class RenewalLink:
         sock = self._sock
         if self._state != "running" or sock is None:
             return
+        if not self._reaped:
+            child = self._pulse.child
+            if child < 0:
+                self._gone_locked(f"could not start the renewal process ({os.strerror(-child)})")
+                return
+            self._reap_starter(wait_s=0.0)
         if block_s > 0:
             select.select([sock], [], [], block_s)
         while True:
@@ -286,6 +302,10 @@ class RenewalLink:
             if len(data) < 65536:
                 break
         for kind, link_id, detail, mono_ns, wall_ns, counters in split_frames(self._buffer):
+            if kind == READY:
+                self._renewer_pid = mono_ns
+                self.ready_after_s = time.monotonic() - self.started_at
+                continue
             lease = self._leases.get(link_id)
             if lease is None:
                 continue
@@ -312,14 +332,12 @@ class RenewalLink:
         self._close_socket()
 
     def _kill_locked(self) -> None:
-        pid = self.pid
-        if pid:
+        if self._renewer_pid:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(self._renewer_pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self._gone_locked("the renewal process was stopped")
-        self._reap(wait_s=5.0)
 
     def _forget_in_child(self) -> None:
         """A forked child: the renewal process belongs to the parent. Close our copies of its socket
@@ -334,12 +352,9 @@ class RenewalLink:
 
     @property
     def pid(self) -> Optional[int]:
-        """The renewal process's id, once started."""
-        child = self._pulse.child if self._pulse is not None else 0
-        if child < 0 and self._state == "running":
-            with self._lock:
-                self._gone_locked(f"could not start the renewal process ({os.strerror(-child)})")
-        return child if child > 0 else None
+        """The renewal process's id, once it has reported ready."""
+        self.sync()
+        return self._renewer_pid or None
 
     @property
     def renewing(self) -> int:

@@ -28,7 +28,7 @@ import time
 import types
 
 from . import _impl
-from ._renewal_link import CREDENTIALS, LOST, PULSE_SILENCE_MS, RENEWED, STOP, STOPPED, frame, split_frames
+from ._renewal_link import CREDENTIALS, LOST, PULSE_SILENCE_MS, READY, RENEWED, STOP, STOPPED, frame, split_frames
 from .exceptions import StoreError
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
@@ -111,6 +111,7 @@ class RenewalProcess:
         self.engine.renewal_listener = self._renewed
         self._client = types.SimpleNamespace(engine=self.engine)
         threading.Thread(target=self._send_reports, name="fastlease-renewal-reports", daemon=True).start()
+        self._report(0, (READY, 0, "", os.getpid(), 0, (0, 0, 0, 0, 0)))
 
     def _read_first_frame(self) -> Any:
         while True:
@@ -246,6 +247,10 @@ class RenewalProcess:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    # Fork once and let the first process exit: the holder collects it at once, and this process is
+    # then nobody's child there (no zombie for it to collect, nothing for its os.wait() to return).
+    if os.fork():
+        os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the holder, which then releases
     logging.basicConfig(level=logging.WARNING, format="fastlease renewal process: %(message)s")
     sock = socket.socket(fileno=int(args[0]))

@@ -39,7 +39,6 @@ import time
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
-from botocore.awsrequest import AWSPreparedRequest
 from botocore.exceptions import BotoCoreError
 
 from ..exceptions import StoreError
@@ -423,6 +422,9 @@ class FastTransport:
 
     def _answer_in_process(self, event: str, headers: dict[str, str], body: bytes) -> Optional[tuple[int, bytes]]:
         """Let a ``before-send`` handler (moto's ``mock_aws``) answer, as botocore itself would."""
+        # Imported here: the renewal process, which has no handlers, never needs it (or urllib3).
+        from botocore.awsrequest import AWSPreparedRequest
+
         request = AWSPreparedRequest("POST", self._request_url, headers, body, False)
         for _, response in self._emitter.emit(event, request=request):
             if response is not None:
