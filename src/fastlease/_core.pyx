@@ -128,7 +128,12 @@ cdef extern from *:
     #include <spawn.h>
     #include <time.h>
     #include <unistd.h>
+    #ifdef __APPLE__
+    #include <crt_externs.h>
+    #define environ (*_NSGetEnviron())   /* a shared library on macOS cannot link environ itself */
+    #else
     extern char **environ;
+    #endif
     #define FL_HAVE_PULSE 1
     #else
     #define FL_HAVE_PULSE 0

@@ -73,8 +73,9 @@ ERROR_BACKOFF_MS = 25
 SCHEDULER_IDLE_EXIT_MS = 30_000
 #: Renewal requests run on up to this many worker threads per client, so one slow request (up to its
 #: timeout) delays no other lease's renewal; the scheduler thread itself only waits and dispatches.
-#: With it, the renewal path of a client runs four threads at most, however many leases it holds.
-RENEWAL_WORKERS = 3
+#: With the scheduler thread and the native pulse thread (``_renewal_link``), the renewal path of a
+#: client runs four threads at most, however many leases it holds.
+RENEWAL_WORKERS = 2
 #: Leases at least this long are renewed by the client's renewal process (``_renewal_link``), which
 #: keeps renewing while this process's GIL is held; its first renewal, lease/3 after the acquisition,
 #: comes well after the registration reaches it (within one pulse, 100 ms). Shorter leases renew here.

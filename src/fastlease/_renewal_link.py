@@ -27,6 +27,7 @@ injected clocks, stores whose settings cannot be given to another process (each 
 
 from __future__ import annotations
 
+import itertools
 import marshal
 import os
 import select
@@ -105,7 +106,7 @@ class RenewalLink:
     """
 
     def __init__(self, config: Callable[[], Any], credentials: Callable[[], Any] = lambda: None,
-                 delegable: Callable[[], bool] = lambda: True) -> None:
+                 delegable: Optional[Callable[[], bool]] = None) -> None:
         self._config = config
         self._credentials = credentials
         self._delegable = delegable
@@ -113,7 +114,7 @@ class RenewalLink:
         self._send_lock = threading.Lock()
         self._state = "new"  # new -> running -> gone (also: unavailable, never started)
         self._leases: dict[int, Any] = {}
-        self._next_id = 0
+        self._ids = itertools.count(1)
         self._buffer = bytearray()
         self._sent_credentials: Any = None
         self._sock: Optional[socket.socket] = None
@@ -206,22 +207,25 @@ class RenewalLink:
 
     # ---- the holder's calls (from the engine) --------------------------------------------------
     def register(self, lease: Any, mono_ns: int, wall_ns: int, hold_until_ns: int) -> int:
-        """Hand a just-acquired lease to the renewal process: its id, or 0 when it renews here."""
-        if self._pid != os.getpid():
+        """Hand a just-acquired lease to the renewal process: its id, or 0 when it renews here.
+
+        On every hold's path, so it takes no lock once running: ``next`` of a counter and single dict
+        operations are atomic. The registration is staged in C, written with the next pulse.
+        """
+        if self._state != "running":
+            with self._lock:
+                if self._state != "new" or not self._start_locked():
+                    return 0
+        if self._delegable is not None and not self._delegable():
             return 0
-        with self._lock:
-            if self._state == "new" and not self._start_locked():
-                return 0
-            if self._state != "running" or not self._delegable():
-                return 0
-            self._next_id += 1
-            link_id = self._next_id
-            registration = marshal.dumps((lease.table, lease.key, lease.owner, lease.version, lease.lease_ms,
-                                          lease.fencing_token, mono_ns, wall_ns, hold_until_ns))
-            if not self._pulse.stage(link_id, registration):
-                return 0
-            self._leases[link_id] = lease
-        return link_id
+        link_id = next(self._ids)
+        self._leases[link_id] = lease  # before staging: its first report may come at once
+        if self._pulse.stage(link_id, marshal.dumps((lease.table, lease.key, lease.owner, lease.version,
+                                                     lease.lease_ms, lease.fencing_token, mono_ns, wall_ns,
+                                                     hold_until_ns))):
+            return link_id
+        self._leases.pop(link_id, None)
+        return 0
 
     def sync(self) -> None:
         """Apply every report waiting on the socket (non-blocking)."""
@@ -239,9 +243,8 @@ class RenewalLink:
         """The renewal process stops renewing ``lease``; returns once it has (its last confirmed renewal
         applied), so the holder's release is never followed by a renewal. A registration not yet sent
         is simply taken back. A renewal process that does not answer in time is killed."""
-        if self._pulse is not None and self._pulse.unstage(link_id):
-            with self._lock:
-                self._leases.pop(link_id, None)
+        if self._pulse.unstage(link_id):  # never written: the renewal process never knew of it
+            self._leases.pop(link_id, None)
             return
         if not self._send((STOP, link_id)):
             return

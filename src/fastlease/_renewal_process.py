@@ -253,6 +253,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the holder, which then releases
     logging.basicConfig(level=logging.WARNING, format="fastlease renewal process: %(message)s")
+    # A loss is the holder's to log (when it applies the report), not a second time here.
+    logging.getLogger("fastlease.engine").setLevel(logging.ERROR)
     sock = socket.socket(fileno=int(args[0]))
     try:
         RenewalProcess(sock, int(args[1])).run()

@@ -82,7 +82,7 @@ class LeaseClient:
 
             self.engine.link = RenewalLink(store.renewal_config,
                                            getattr(store, "renewal_credentials", lambda: None),
-                                           getattr(store, "renewal_delegable", lambda: True))
+                                           getattr(store, "renewal_delegable", None))
         self._executor: Optional[ThreadPoolExecutor] = None  # the async API's worker threads, made on first use
         self._short_executor: Optional[ThreadPoolExecutor] = None
         self._executor_lock = threading.Lock()
