@@ -41,10 +41,33 @@ class Pulse:
         self._stop = threading.Event()
         self._pid = os.getpid()
         self._pulses = 0
+        self._next_id = 0
+        self.leases: dict[int, object] = {}
         threading.Thread(target=self._run, name="fastlease-pulse", daemon=True).start()
 
     def _usable(self) -> bool:
         return not self._stop.is_set() and self._pid == os.getpid()
+
+    def register(self, lease: object, table: str, key: str, owner: str, version: str, lease_ms: int,
+                 fence: "Optional[int]", mono_ns: int, wall_ns: int, hold_until_ns: int) -> int:
+        payload = struct.pack("=5q", lease_ms, -1 if fence is None else fence, mono_ns, wall_ns, hold_until_ns)
+        for text in (table, key, owner, version):
+            data = text.encode()
+            payload += struct.pack("=H", len(data)) + data
+        with self._lock:
+            self._next_id += 1
+            frame_id = self._next_id
+        self.leases[frame_id] = lease
+        if self.stage(frame_id, payload):
+            return frame_id
+        del self.leases[frame_id]
+        return 0
+
+    def take_back(self, frame_id: int) -> bool:
+        if self.unstage(frame_id):
+            self.leases.pop(frame_id, None)
+            return True
+        return False
 
     def stage(self, frame_id: int, payload: bytes) -> bool:
         if frame_id == 0 or len(payload) + 12 > PULSE_WRITE_MAX or not self._usable():

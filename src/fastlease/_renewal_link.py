@@ -27,7 +27,6 @@ injected clocks, stores whose settings cannot be given to another process (each 
 
 from __future__ import annotations
 
-import itertools
 import marshal
 import os
 import select
@@ -113,8 +112,7 @@ class RenewalLink:
         self._lock = threading.Lock()  # the socket's reading side, the registry, the state below
         self._send_lock = threading.Lock()
         self._state = "new"  # new -> running -> gone (also: unavailable, never started)
-        self._leases: dict[int, Any] = {}
-        self._ids = itertools.count(1)
+        self._leases: dict[int, Any] = {}  # registration id -> lease: the pulse's, once it exists
         self._buffer = bytearray()
         self._sent_credentials: Any = None
         self._sock: Optional[socket.socket] = None
@@ -160,6 +158,7 @@ class RenewalLink:
         finally:
             os.close(pulse_write)  # the pulse writes to its own duplicate
         self._sock = ours
+        self._leases = self._pulse.leases  # registered by the pulse's register(), in C
         self._state = "running"
         self.started_at = time.monotonic()
         return True
@@ -169,8 +168,9 @@ class RenewalLink:
         renewed lapse at their validity, like every lease of a closed client."""
         with self._lock:
             self._state = "gone" if self._state == "running" else self._state
-            leases, self._leases = self._leases, {}
-        for lease in leases.values():
+            leases = list(self._leases.values())
+            self._leases.clear()
+        for lease in leases:
             lease.delegation_ended()
         if self._pulse is not None:
             self._pulse.close()
@@ -218,14 +218,8 @@ class RenewalLink:
                     return 0
         if self._delegable is not None and not self._delegable():
             return 0
-        link_id = next(self._ids)
-        self._leases[link_id] = lease  # before staging: its first report may come at once
-        if self._pulse.stage(link_id, marshal.dumps((lease.table, lease.key, lease.owner, lease.version,
-                                                     lease.lease_ms, lease.fencing_token, mono_ns, wall_ns,
-                                                     hold_until_ns))):
-            return link_id
-        self._leases.pop(link_id, None)
-        return 0
+        return int(self._pulse.register(lease, lease.table, lease.key, lease.owner, lease.version, lease.lease_ms,
+                                        lease.fencing_token, mono_ns, wall_ns, hold_until_ns))
 
     def sync(self) -> None:
         """Apply every report waiting on the socket (non-blocking)."""
@@ -243,8 +237,7 @@ class RenewalLink:
         """The renewal process stops renewing ``lease``; returns once it has (its last confirmed renewal
         applied), so the holder's release is never followed by a renewal. A registration not yet sent
         is simply taken back. A renewal process that does not answer in time is killed."""
-        if self._pulse.unstage(link_id):  # never written: the renewal process never knew of it
-            self._leases.pop(link_id, None)
+        if self._pulse.take_back(link_id):  # never written: the renewal process never knew of it
             return
         if not self._send((STOP, link_id)):
             return
@@ -327,8 +320,9 @@ class RenewalLink:
         if self._state == "running":
             _log.warning("%s: renewals continue in this process", why)
         self._state = "gone"
-        leases, self._leases = self._leases, {}
-        for lease in leases.values():
+        leases = list(self._leases.values())
+        self._leases.clear()
+        for lease in leases:
             lease.delegation_ended()
         if self._pulse is not None:
             self._pulse.close()
@@ -351,7 +345,7 @@ class RenewalLink:
         if self._pulse is not None:
             self._pulse.forget_in_child()
         self._state = "gone"
-        self._leases = {}
+        self._leases = {}  # (the pulse's own dict is never touched in a child)
 
     @property
     def pid(self) -> Optional[int]:

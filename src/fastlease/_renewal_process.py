@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("fastlease.renewal")
 _PIPE_HEAD = struct.Struct("=IQ")
+# A registration (``_core.Pulse.register``): lease_ms, fence (-1: none), the acquisition's monotonic and
+# wall stamps, max_hold's end (0: none); then table, key, owner and version.
+_NUMBERS = struct.Struct("=5q")
+_TEXT_LENGTH = struct.Struct("=H")
 
 
 class Pulses:
@@ -165,9 +169,14 @@ class RenewalProcess:
 
     # ---- requests from the holder ----------------------------------------------------------------
     def _adopt(self, link_id: int, payload: bytes) -> None:
-        import marshal
-
-        table, key, owner, version, lease_ms, fence, mono_ns, wall_ns, hold_until_ns = marshal.loads(payload)
+        lease_ms, fence, mono_ns, wall_ns, hold_until_ns = _NUMBERS.unpack_from(payload)
+        at, texts = _NUMBERS.size, []
+        for _ in range(4):  # table, key, owner, version: u16 length + UTF-8
+            (size,) = _TEXT_LENGTH.unpack_from(payload, at)
+            texts.append(payload[at + 2:at + 2 + size].decode())
+            at += 2 + size
+        table, key, owner, version = texts
+        fence = None if fence < 0 else fence
         lease = self._core.Lease(self._client, table, key, lease_ms, 0, 0,
                                  lambda lost: self._lost(link_id, str(lost.cause)))
         self._leases[link_id] = lease

@@ -243,14 +243,18 @@ class DynamoDBStore:
         return config()
 
     def renewal_credentials(self) -> Any:
+        """What the fast path signs with now (re-sent to the renewal process when it changes), or None."""
         credentials = getattr(self.transport, "renewal_credentials", None)
         return credentials() if credentials is not None else None
 
     def renewal_delegable(self) -> bool:
+        """False while another process could not send these requests as this one would (no fast path,
+        or a handler such as moto's ``mock_aws`` answers them here)."""
         delegable = getattr(self.transport, "renewal_delegable", None)
         return bool(delegable()) if delegable is not None else False
 
     def update_credentials(self, credentials: Any) -> None:
+        """The holder's refreshed credentials (in the renewal process)."""
         self.transport.update_credentials(credentials)
 
     def _send(self, operation: str, params: dict[str, Any], timeout_s: float, usage: UsageMeter, key: str) -> Any:

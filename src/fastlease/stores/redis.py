@@ -503,6 +503,7 @@ class RedisStore:
 
     @classmethod
     def from_renewal_config(cls, config: Any) -> RedisStore:
+        """A store with the connection settings ``renewal_config()`` gave (in the renewal process)."""
         redis = load_redis()
         kind = {"tcp": redis.connection.Connection, "ssl": redis.connection.SSLConnection,
                 "unix": redis.connection.UnixDomainSocketConnection}[config[1]]

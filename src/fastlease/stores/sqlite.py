@@ -370,6 +370,7 @@ class SQLiteStore:
 
     @classmethod
     def from_renewal_config(cls, config: Any) -> SQLiteStore:
+        """The store on the file that ``renewal_config()`` named (in the renewal process)."""
         return cls(config[1])
 
     def close(self) -> None:
