@@ -216,15 +216,19 @@ cdef extern from *:
        made inheritable for it, and are closed here once it has them. */
     static void fl_spawn_locked(fl_pulse *p) {
         posix_spawnattr_t attr;
+        posix_spawn_file_actions_t actions;
         sigset_t none;
         pid_t pid;
         int rc, i;
+        posix_spawn_file_actions_init(&actions);
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);  /* not the holder's stdin */
         posix_spawnattr_init(&attr);
         sigemptyset(&none);
         posix_spawnattr_setsigmask(&attr, &none);  /* not this thread's all-blocked mask */
         posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-        rc = posix_spawn(&pid, p->argv[0], NULL, &attr, p->argv, environ);
+        rc = posix_spawn(&pid, p->argv[0], &actions, &attr, p->argv, environ);
         posix_spawnattr_destroy(&attr);
+        posix_spawn_file_actions_destroy(&actions);
         p->child = rc == 0 ? (long)pid : -(long)rc;
         for (i = 0; i < 2; i++) if (p->give[i] >= 0) close(p->give[i]);
         for (i = 0; p->argv[i]; i++) free(p->argv[i]);

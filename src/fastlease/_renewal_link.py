@@ -75,6 +75,14 @@ def _pulse_module() -> Any:
     return _core_fallback
 
 
+def _runs_python_modules() -> bool:
+    """Whether ``sys.executable -m module`` starts this Python: not in frozen applications or
+    embedding programs (uWSGI's executable is uWSGI)."""
+    if getattr(sys, "frozen", False) or not sys.executable or not os.access(sys.executable, os.X_OK):
+        return False
+    return os.path.basename(sys.executable).lower().startswith(("python", "pypy"))
+
+
 def frame(message: Any) -> bytes:
     """One socket frame: the length, then the message (marshal: parent and child share one Python)."""
     body = marshal.dumps(message)
@@ -129,7 +137,9 @@ class RenewalLink:
     def _start_locked(self) -> bool:
         """Make the pipe, the socket pair and the pulse; spawn the process from a thread, so that no
         acquisition waits for it. False (for good) when the renewal process cannot be used."""
-        config = self._config()
+        config = self._config() if _runs_python_modules() else (
+            f"this process's executable ({sys.executable!r}) cannot run a Python module (an embedded or frozen "
+            "interpreter)")
         if isinstance(config, str):
             _log.info("renewals stay in this process (a held GIL stops them): %s", config)
             self._state = "unavailable"
