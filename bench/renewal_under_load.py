@@ -67,15 +67,19 @@ SELECT_SYSCALLS = {"270", "23", "72"}
 
 # ---- the holder (a child process) -------------------------------------------------------------------
 def calibrate_sum(seconds: float) -> int:
-    """n such that ``sum(range(n))`` takes about ``seconds`` here (one C call: the GIL stays held)."""
+    """n such that ``sum(range(n))`` takes about ``seconds`` here (one C call: the GIL stays held).
+    A fresh process runs its first sums up to ~1.6x slower (clock ramp-up, cold caches), which made a
+    single sample undershoot by up to 25%: so 0.3 s of warm-up, then the fastest of three samples."""
     n = 1_000_000
-    while True:
-        start = time.perf_counter()
+    deadline = time.perf_counter() + 0.3
+    while time.perf_counter() < deadline:
         sum(range(n))
-        took = time.perf_counter() - start
-        if took >= 0.2:
-            return int(n * seconds / took)
-        n *= 4
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter()
+        sum(range(10 * n))
+        samples.append(time.perf_counter() - start)
+    return int(10 * n * seconds / min(samples))
 
 
 def busy(kind: str, seconds: float, sum_n: int) -> None:
@@ -142,7 +146,7 @@ def fastlease_client(spec: dict[str, Any], renewal: str) -> Any:
 def hold_busy(spec: dict[str, Any]) -> dict[str, Any]:
     """Take the lease, be busy, check it: one row of the table."""
     kind, library = spec["kind"], spec["library"]
-    sum_n = calibrate_sum(BUSY_S) if kind == "C call" else 0  # before the lease: it takes ~0.3 s
+    sum_n = calibrate_sum(BUSY_S) if kind == "C call" else 0  # before the lease: it takes ~0.7 s
     key = f"{library}-{kind}".replace(" ", "-")
     client: Any = None
     if library == "pydynox":
