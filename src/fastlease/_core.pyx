@@ -182,6 +182,12 @@ cdef extern from *:
         int last = --p->refs == 0;
         pthread_mutex_unlock(&p->mutex);
         if (last) {
+            int i;
+            if (p->argv) {                /* stopped before it started the process */
+                for (i = 0; i < 2; i++) if (p->give[i] >= 0) close(p->give[i]);
+                for (i = 0; p->argv[i]; i++) free(p->argv[i]);
+                free(p->argv);
+            }
             pthread_mutex_destroy(&p->mutex);
             close(p->fd);
             free(p->buf);
@@ -242,7 +248,7 @@ cdef extern from *:
         sigfillset(&all);
         pthread_sigmask(SIG_BLOCK, &all, NULL);   /* signals are the interpreter's main thread's */
         pthread_mutex_lock(&p->mutex);
-        if (p->argv) fl_spawn_locked(p);
+        if (p->argv && !p->stop) fl_spawn_locked(p);
         pthread_mutex_unlock(&p->mutex);
         for (;;) {
             struct timespec pause;

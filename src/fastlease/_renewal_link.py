@@ -182,30 +182,32 @@ class RenewalLink:
             self._leases.clear()
         for lease in leases:
             lease.delegation_ended()
+        self._close_socket()
+        self._reap_starter(wait_s=1.0)  # (before the pulse closes: a closed pulse reports no child)
         if self._pulse is not None:
             self._pulse.close()
-        self._close_socket()
-        self._reap_starter(wait_s=1.0)
 
     def _reap_starter(self, wait_s: float) -> None:
         """Collect the exit status of the process the pulse started. It forks the renewal process and
         exits at once, so the renewal process is not our child: it never becomes a zombie of ours,
-        and ``os.wait()`` in the application never returns it. Waits at most ``wait_s``."""
-        child = self._pulse.child if self._pulse is not None else 0
-        if self._reaped or child == 0:
-            return
-        if child < 0:
-            self._reaped = True
+        and ``os.wait()`` in the application never returns it. Waits at most ``wait_s`` (the pulse
+        thread may not have started it yet)."""
+        if self._reaped or self._pulse is None:
             return
         deadline = time.monotonic() + wait_s
         while True:
-            try:
-                done, _ = os.waitpid(child, os.WNOHANG)
-            except ChildProcessError:
-                done = child
-            if done:
+            child = self._pulse.child
+            if child < 0:
                 self._reaped = True
                 return
+            if child > 0:
+                try:
+                    done, _ = os.waitpid(child, os.WNOHANG)
+                except ChildProcessError:
+                    done = child
+                if done:
+                    self._reaped = True
+                    return
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.002)
@@ -226,6 +228,8 @@ class RenewalLink:
             with self._lock:
                 if self._state != "new" or not self._start_locked():
                     return 0
+        if not self._reaped:
+            self._reap_starter(wait_s=0.0)  # (until it is collected: a client may never sync or close)
         if self._delegable is not None and not self._delegable():
             return 0
         return int(self._pulse.register(lease, lease.table, lease.key, lease.owner, lease.version, lease.lease_ms,
@@ -334,6 +338,7 @@ class RenewalLink:
         self._leases.clear()
         for lease in leases:
             lease.delegation_ended()
+        self._reap_starter(wait_s=0.5)
         if self._pulse is not None:
             self._pulse.close()
         self._close_socket()
