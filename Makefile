@@ -3,23 +3,66 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+# The version-dependent tests (pytest -m all_pythons) also run on these pyenv versions, after the main
+# suite, each in a venv of its own made with that interpreter: .venv-3.12 for 3.12.1. EXTRA_PYTHONS= runs none.
+EXTRA_PYTHONS ?= 3.12.1 3.13.0
+# What an install builds from: a change to any of them reinstalls (and so rebuilds) every venv's core.
+BUILD_INPUTS := pyproject.toml setup.py src/fastlease/_core.pyx src/fastlease/_core.pxd \
+	src/fastlease/_engine.py src/fastlease/_engine.pxd
 
-.PHONY: test demo bench chaos clean redis-server wheel
+.PHONY: test test-all-pythons demo bench chaos clean redis-server wheel
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 
 # Reinstalling (editable) rebuilds the compiled core whenever its source or the build files change.
-$(INSTALLED): $(PY) pyproject.toml setup.py src/fastlease/_core.pyx src/fastlease/_engine.py src/fastlease/_engine.pxd
+$(INSTALLED): $(PY) $(BUILD_INPUTS)
 	$(PY) -m pip install -q -e . --group test --group bench
 	touch $@
 
-# Lint and strict typing first (seconds), then the suite.
+# The venv of one of EXTRA_PYTHONS (.venv-3.12: 3.12.1), the package installed editable, so that its
+# compiled core is built for that interpreter. The extensions sit side by side in src/fastlease/ (the
+# .so names carry the version), so no venv's build replaces another's. Each build re-cythonizes the
+# shared .c files, so two must not overlap: these come after the main venv's (order-only), one at a time.
+.venv-%/.installed: $(BUILD_INPUTS) | $(INSTALLED)
+	@if [ ! -x .venv-$*/bin/python ]; then \
+		version='$(filter $*.%,$(EXTRA_PYTHONS))'; [ -n "$$version" ] || \
+			{ echo "no version $*.x in EXTRA_PYTHONS ($(EXTRA_PYTHONS))" >&2; exit 1; }; \
+		set -x; PYENV_VERSION=$$version python3 -m venv .venv-$* && .venv-$*/bin/python -m pip install -q -U pip; \
+	fi
+	.venv-$*/bin/python -m pip install -q -e . --group test
+	touch $@
+
+# Shell: the versions of EXTRA_PYTHONS that this machine lacks, in $$missing: an error under CI=true,
+# elsewhere a message (their runs are skipped). For a version pyenv lacks, `PYENV_VERSION=X python3`
+# quietly runs another python3, so the interpreter itself must report X.
+CHECK_PYTHONS = missing=; for version in $(EXTRA_PYTHONS); do \
+	[ "$$(PYENV_VERSION=$$version python3 -c 'import platform; print(platform.python_version())' 2>/dev/null)" \
+	  = "$$version" ] || missing="$$missing $$version"; done; \
+	if [ -n "$$missing" ] && [ "$$CI" = true ]; then \
+		echo "error: make test runs the all_pythons tests on Python$$missing too, missing here:" \
+		     "install it with 'pyenv install$$missing', or set EXTRA_PYTHONS" >&2; exit 1; \
+	elif [ -n "$$missing" ]; then \
+		echo "Python$$missing missing here (install it with 'pyenv install$$missing'): its all_pythons tests are skipped"; fi
+
+# Lint and strict typing first (seconds), then the suite, then the all_pythons tests on EXTRA_PYTHONS.
+# Under CI=true, a missing interpreter fails before the suite, not 8 minutes later.
 test: $(INSTALLED) redis-server
+	@if [ "$$CI" = true ]; then $(CHECK_PYTHONS); fi
 	$(VENV)/bin/ruff check src tests bench setup.py
 	$(VENV)/bin/mypy --strict src/fastlease
 	$(PY) -m pytest
+	@$(MAKE) --no-print-directory test-all-pythons
+
+# Only the all_pythons tests, on each of EXTRA_PYTHONS (building its venv first when needed).
+test-all-pythons: $(INSTALLED)
+	@$(CHECK_PYTHONS); for version in $(EXTRA_PYTHONS); do \
+		case " $$missing " in *" $$version "*) continue;; esac; \
+		venv=.venv-$${version%.*}; \
+		$(MAKE) --no-print-directory -q $$venv/.installed || $(MAKE) --no-print-directory $$venv/.installed || exit 1; \
+		echo "$$venv/bin/python -m pytest -m all_pythons"; $$venv/bin/python -m pytest -m all_pythons || exit 1; \
+	done
 
 # The Redis tests start their own redis-server (a free 127.0.0.1 port, no persistence). Installed
 # here when missing and we are root; otherwise a message, and those tests skip (they fail under CI=true).
@@ -59,4 +102,4 @@ bench: $(INSTALLED)
 	$(PY) bench/idempotency.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info src/fastlease/_core.c src/fastlease/_engine.c src/fastlease/*.so
+	rm -rf $(VENV) .venv-[0-9]* build dist src/*.egg-info src/fastlease/_core.c src/fastlease/_engine.c src/fastlease/*.so

@@ -11,6 +11,10 @@ Faults, one at a time at random moments, from one printed seed:
 * memory runs its workers as threads: no signals there, so a holder *stalls* past its lease instead,
   and the store's fault hook loses responses and commits late.
 
+On Redis and memory the counter's read is fenced as well as its write (``workload.py`` says why: a
+fence on the write alone lets an old holder's late write and the new holder's write both commit the
+same value); a refused read or write commits nothing and is counted as ``FenceRefused``.
+
 The checker: the final counter equals the number of commits (no lost update); each value is committed
 once (no double commit); once a lease changes hands, its old owner never commits again (no stale
 commit; on fenced stores the tokens never go down); after each killed or paused holder, another worker
@@ -341,9 +345,13 @@ def _run_memory(seconds: float, count: int, seed: int, say: Callable[[str], None
                             with lock:
                                 faults.append((time.time(), "pause_holder", lease.owner))
                             time.sleep(1.5 * workload.LEASE_S)
-                        value = target.read()
-                        time.sleep(thread_rng.uniform(0.0, 0.01))
-                        target.write(value + 1, lease.fencing_token, lease.owner)
+                        # Fenced read, then fenced write: either refused commits nothing (see workload.py).
+                        value = target.read(lease.fencing_token)
+                        if value is not None:
+                            time.sleep(thread_rng.uniform(0.0, 0.01))
+                        if value is None or not target.write(value + 1, lease.fencing_token, lease.owner):
+                            with lock:
+                                errors["FenceRefused"] = errors.get("FenceRefused", 0) + 1
                 except (LockLost, LockNotAcquired, FastleaseError) as error:
                     with lock:
                         errors[type(error).__name__] = errors.get(type(error).__name__, 0) + 1

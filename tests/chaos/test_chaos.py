@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from . import workload
 from .harness import RECOVERY_BOUND_S, _check, run
 from .proxy import FaultProxy
 
@@ -45,6 +46,36 @@ def test_the_checker_catches_each_violation():
     assert stale["stale_commits"] >= 1  # "a" committed again after "b" took over, with an older token
     unrecovered = _check("x", 0, 1, [(1, "a", 1)], [(10.0, "a")], [(11.0, "kill_holder", "a")], 1, 0, 0, 0, {})
     assert unrecovered["worst_recovery_s"] == float("inf")
+
+
+# The interleaving of a CI failure (redis, seed 2181978610: a double commit): the old holder (token 1)
+# reads v and is paused past its lease; the new holder (token 2) reads v; the old holder's late write
+# lands before the new holder's. With only the write fenced, both wrote v+1. The fenced read refuses it.
+def test_the_fenced_read_refuses_a_paused_holders_late_write_in_memory():
+    target = workload.MemoryTarget()
+    old = target.read(1)
+    new = target.read(2)
+    assert (old, new) == (0, 0)
+    assert target.write(old + 1, 1, "old") is False  # the new holder's read was seen: refused
+    assert target.write(new + 1, 2, "new") is True
+    assert target.read(1) is None  # an old holder's read is refused too
+    assert (target.value, target.commits) == (1, [(1, "new", 2)])
+
+
+def test_the_fenced_read_refuses_a_paused_holders_late_write_on_redis(redis_db):
+    keys = ("chaos:counter", "chaos:max_token")
+
+    def write(value, token, owner):
+        return redis_db.eval(workload.FENCED_INCREMENT, 3, *keys, "chaos:commits", value, token, owner)
+
+    old = redis_db.eval(workload.FENCED_READ, 2, *keys, 1)
+    new = redis_db.eval(workload.FENCED_READ, 2, *keys, 2)
+    assert (old, new) == (0, 0)
+    assert write(old + 1, 1, "old") == 0  # refused
+    assert write(new + 1, 2, "new") == 1
+    assert redis_db.eval(workload.FENCED_READ, 2, *keys, 1) is None
+    assert redis_db.eval(workload.FENCED_READ, 2, *keys, 2) == 1
+    assert redis_db.lrange("chaos:commits", 0, -1) == [b"1|new|2"]
 
 
 def test_the_proxy_loses_responses_delays_commits_and_partitions(redis_url, redis_db):

@@ -4,8 +4,14 @@ The write commits only under the lease, the way users are told to do it on each 
 
 * SQLite: one ``BEGIN IMMEDIATE`` transaction with ``lease.check_in(connection)``;
 * DynamoDB: one ``SyncTransaction`` with ``lease.check_in(tx)``;
-* Redis and memory: a fencing-token check (a Redis script; a critical section in memory) that refuses
-  a token lower than the highest seen.
+* Redis and memory: a fencing-token check (a Redis script; a critical section in memory) on the read
+  *and* on the write. The read refuses a token lower than the highest seen and records its own as the
+  highest seen; the write refuses a token lower than the highest seen. Fencing only the write is not
+  enough for a read-modify-write: an old holder (token 1) reads v and is paused past its lease, the new
+  holder (token 2) reads v, the old holder's late write lands first (1 is still the newest token the
+  resource has seen) and writes v+1, then the new holder writes v+1 too: a double commit. The resource
+  must see the token on every access, so the new holder's read raises the highest seen to 2 and the old
+  holder's write is refused. A refused read or write commits nothing; the worker goes on.
 
 Each commit also appends (value, owner, token) to a commit log in the same atomic write, so commits of
 a worker killed right after are counted. The checker reads the counter and the log afterwards.
@@ -39,6 +45,15 @@ def commits_table(value: int) -> str:
     return f"{COMMITS_TABLE}_{value // COMMITS_PER_TABLE}"
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
 
+#: Redis: the fenced read. KEYS: counter, max token. ARGV: token. The counter's value, or nil (None) for
+#: a token lower than the highest seen; the reader's token becomes the highest seen.
+FENCED_READ = """
+local newest = tonumber(redis.call('GET', KEYS[2]) or '0')
+local token = tonumber(ARGV[1])
+if token < newest then return false end
+if token > newest then redis.call('SET', KEYS[2], ARGV[1]) end
+return tonumber(redis.call('GET', KEYS[1]) or '0')
+"""
 #: Redis: the fenced write. KEYS: counter, max token, log. ARGV: value, token, owner.
 FENCED_INCREMENT = """
 local newest = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -112,22 +127,31 @@ def _increment_dynamodb(lease: Any, client: Any, plain: Any) -> bool:
 
 
 def _increment_redis(lease: Any, plain: Any) -> bool:
-    value = int(plain.get("chaos:counter") or 0)
+    """False when the fence refused the read or the write (a newer holder has been seen): no commit."""
+    value = plain.eval(FENCED_READ, 2, "chaos:counter", "chaos:max_token", lease.fencing_token)
+    if value is None:
+        return False
     return bool(plain.eval(FENCED_INCREMENT, 3, "chaos:counter", "chaos:max_token", "chaos:commits",
-                           value + 1, lease.fencing_token, lease.owner))
+                           int(value) + 1, lease.fencing_token, lease.owner))
 
 
 class MemoryTarget:
-    """The memory store's counter, fenced in a critical section (workers are threads)."""
+    """The memory store's counter, fenced in a critical section (workers are threads): the read and the
+    write each refuse a token lower than the highest seen, and the read records its token as the highest
+    seen (see the module's docstring for why the read is fenced too)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.value = 0
-        self.newest = 0
+        self.newest = 0  # the highest token seen, by a read or a write
         self.commits: list[tuple[int, str, int]] = []
 
-    def read(self) -> int:
+    def read(self, token: int) -> Optional[int]:
+        """The value, or None (refused) for a token lower than the highest seen."""
         with self.lock:
+            if token < self.newest:
+                return None
+            self.newest = token
             return self.value
 
     def write(self, value: int, token: int, owner: str) -> bool:
@@ -195,11 +219,13 @@ def work(store: str, target: str, clock_path: Optional[str], stop_at: float, see
                     events.put(("held", pid, lease.owner, time.time()))
                     time.sleep(rng.uniform(0.0, 0.05))  # work before the write (a pause may land here)
                     if store == "sqlite":
-                        _increment_sqlite(lease, target)
+                        committed = _increment_sqlite(lease, target)
                     elif store == "dynamodb":
-                        _increment_dynamodb(lease, client, plain)
+                        committed = _increment_dynamodb(lease, client, plain)
                     else:
-                        _increment_redis(lease, plain)
+                        committed = _increment_redis(lease, plain)
+                    if not committed:  # the fence refused the read or the write: nothing committed
+                        events.put(("error", pid, "FenceRefused", time.time()))
             except (LockLost, LockNotAcquired, FastleaseError, OSError, ValueError) as error:
                 events.put(("error", pid, type(error).__name__, time.time()))
             except Exception as error:  # noqa: BLE001 - a store error from the counter client
