@@ -243,14 +243,17 @@ class DynamoDBStore:
         return config()
 
     def renewal_credentials(self) -> Any:
+        """What the transport signs with now, for the renewal process (None where it cannot say)."""
         credentials = getattr(self.transport, "renewal_credentials", None)
         return credentials() if credentials is not None else None
 
     def renewal_delegable(self) -> bool:
+        """Whether the renewal process may send this store's renewals (see FastTransport)."""
         delegable = getattr(self.transport, "renewal_delegable", None)
         return bool(delegable()) if delegable is not None else False
 
     def update_credentials(self, credentials: Any) -> None:
+        """The renewal process: sign with the holder's refreshed ``credentials`` from now on."""
         self.transport.update_credentials(credentials)
 
     def _send(self, operation: str, params: dict[str, Any], timeout_s: float, usage: UsageMeter, key: str) -> Any:

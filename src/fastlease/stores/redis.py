@@ -503,6 +503,7 @@ class RedisStore:
 
     @classmethod
     def from_renewal_config(cls, config: Any) -> RedisStore:
+        """The store the renewal process renews on, from the holder's ``renewal_config()``."""
         redis = load_redis()
         kind = {"tcp": redis.connection.Connection, "ssl": redis.connection.SSLConnection,
                 "unix": redis.connection.UnixDomainSocketConnection}[config[1]]

@@ -370,6 +370,7 @@ class SQLiteStore:
 
     @classmethod
     def from_renewal_config(cls, config: Any) -> SQLiteStore:
+        """The store the renewal process renews on, from the holder's ``renewal_config()``."""
         return cls(config[1])
 
     def close(self) -> None:
