@@ -1,0 +1,327 @@
+"""The renewal process's safety rules (``_renewal_link``, ``_renewal_process``), one test per rule.
+
+Leases of 1 s or more are renewed by a per-client renewal process. What must hold whatever it does:
+
+1. the holder keeps the one validity truth: a confirmation never revives a lease;
+2. a forked child cannot release or disturb its parent's delegated lease;
+3. no renewal write reaches the store after a release, a loss or ``max_hold``;
+4. on DynamoDB it signs with the holder's current credentials, and with none once they expired;
+5. it reproduces the Redis connection settings, and refuses (once, logged) those it cannot;
+6. it costs nothing until needed, and nothing at all for the memory store and short leases;
+7. one client's thousand leases keep a fixed number of holder threads.
+
+Everything runs against real stores (SQLite files, redis-server, the serialised moto server) and real
+renewal processes, each stopped by its PID when the test ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+
+from fastlease import LockLost, MemoryClient, SQLiteClient, SyncDistributedLock, _impl
+from fastlease.testing import FakeClock
+
+LEASE_S = 1.0  # the shortest lease the renewal process takes: renewals every 333 ms
+_PAUSE = threading.Event()  # never set: waited on for plain pauses
+
+
+# ---- processes and threads of this process, from /proc ------------------------------------------
+def _threads() -> set[int]:
+    """Thread ids of this process, native threads included (the renewal pulse is one). Compared as
+    sets: a thread of an earlier test that ends meanwhile must not hide a new one."""
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+def _children() -> set[int]:
+    """PIDs whose parent is this process (zombies included)."""
+    me = os.getpid()
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            found.add(int(name))
+    return found
+
+
+def _until(predicate: Callable[[], Any], timeout_s: float, step_s: float = 0.02) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout_s`` has passed; returns whether it became true."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        _PAUSE.wait(step_s)
+    return True
+
+
+def _stop_child(pid: Optional[int]) -> None:
+    """SIGKILL ``pid`` if it is still a child of this process, and reap it (bounded)."""
+    if not pid or pid not in _children():
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for _ in range(500):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        _PAUSE.wait(0.01)
+
+
+@pytest.fixture
+def renewal_processes() -> Iterator[list[int]]:
+    """PIDs of renewal processes a test saw (append ``client.engine.link.pid``), stopped after it."""
+    pids: list[int] = []
+    try:
+        yield pids
+    finally:
+        for pid in pids:
+            _stop_child(pid)
+
+
+def _renewals(guard: SyncDistributedLock) -> int:
+    guard.is_valid()  # applies the renewal process's reports first
+    return guard.metrics.renewals
+
+
+def _renewal_pid(client: Any, seen: list[int]) -> int:
+    """The client's renewal process, once it has started (bounded wait); recorded for the teardown."""
+    link = client.engine.link
+    assert link is not None, "this client renews in process"
+    assert _until(lambda: link.pid is not None, 10), "the renewal process did not start"
+    seen.append(link.pid)
+    return int(link.pid)
+
+
+# ---- 1. one validity truth -----------------------------------------------------------------------
+class _DelegatingLink:
+    """Stands for the client's renewal link, so that a lease counts as delegated while the test hands
+    ``Lease.apply_renewal`` the confirmations itself, at chosen stamps, on a fake clock."""
+
+    def register(self, lease: Any, mono_ns: int, wall_ns: int, hold_until_ns: int) -> int:
+        return 1
+
+    def sync(self) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+    def stop(self, lease: Any, link_id: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+COUNTERS = (1, 0, 0, 0, 1)  # what a renewal process reports with a confirmation: its request counters
+
+
+def test_a_confirmation_outside_validity_or_after_the_end_never_revives(core, make_client):
+    clock = FakeClock()
+    client = make_client(clock=clock)
+    client.engine.link = _DelegatingLink()
+    lease_ms = 3000  # validity 2.7 s from each confirmed write's stamp
+    s = 1_000_000_000
+
+    def held() -> Any:
+        lease = core.Lease(client, "locks", f"k{clock.monotonic_ns()}", lease_ms, 0)
+        lease.acquire()
+        return lease, clock.monotonic_ns(), clock.time_ns()
+
+    # A confirmation inside validity extends it (what the rules below refuse is therefore a refusal).
+    lease, mono, wall = held()
+    lease.apply_renewal("v1", mono + s, wall + s, COUNTERS)
+    assert lease.version == "v1"
+    clock.advance(3.0)  # past the acquisition's validity (2.7 s), inside the renewal's (3.7 s)
+    assert lease.is_valid()
+    lease.release()
+
+    # A late confirmation, stamped before the validity it would extend began: nothing changes.
+    lease, mono, wall = held()
+    version = lease.version
+    lease.apply_renewal("stale", mono - 1, wall - 1, COUNTERS)
+    assert lease.version == version
+    clock.advance(2.8)
+    assert not lease.is_valid()
+    with pytest.raises(LockLost):
+        lease.raise_if_lost()
+
+    # Validity has ended but nothing has looked yet (the holder's thread was busy): a confirmation
+    # stamped now lies outside it and does not revive the lease.
+    lease, mono, wall = held()
+    client.engine.scheduler.cancel(lease)  # the holder's own step never runs: only the report arrives
+    clock.advance(2.8)
+    lease.apply_renewal("too-late", clock.monotonic_ns(), clock.time_ns(), COUNTERS)
+    assert lease.version != "too-late"
+    assert not lease.is_valid()
+    with pytest.raises(LockLost) as info:
+        lease.raise_if_lost()
+    assert info.value.cause == "expired"
+
+    # Marked lost, then a confirmation stamped inside the old validity arrives: still lost.
+    lease, mono, wall = held()
+    clock.advance(2.8)
+    with pytest.raises(LockLost):
+        lease.raise_if_lost()
+    lease.apply_renewal("after-loss", mono + s, wall + s, COUNTERS)
+    assert lease.state_name == "lost" and lease.version != "after-loss"
+    assert not lease.is_valid()
+    with pytest.raises(LockLost):
+        lease.raise_if_lost()
+
+    # Released, then a confirmation stamped inside validity arrives: still released.
+    lease, mono, wall = held()
+    lease.release()
+    lease.apply_renewal("after-release", mono + 1, wall + 1, COUNTERS)
+    assert lease.state_name == "released" and lease.version != "after-release"
+    assert not lease.is_valid()
+
+
+# ---- 2. fork ------------------------------------------------------------------------------------
+FORK_RAISED, FORK_RETURNED, FORK_OTHER = 10, 11, 12
+
+
+@contextlib.contextmanager
+def _delegated_lease(path: Path, key: str, seen: list[int]) -> Iterator[tuple[Any, Any, int]]:
+    """(client, guard, renewal process PID) of a SQLite lease of 1 s on ``key`` that its client's
+    renewal process has renewed; released, then the client closed, when the block ends."""
+    client = SQLiteClient(path)
+    try:
+        with SyncDistributedLock(client, table="locks", key=key, lease_duration=LEASE_S) as lease:
+            pid = _renewal_pid(client, seen)
+            assert _until(lambda: _renewals(lease) >= 1, 5)
+            yield client, lease, pid
+    finally:
+        client.close()
+
+
+@pytest.mark.posix
+def test_a_forked_child_cannot_release_and_the_parent_keeps_renewing(tmp_path, renewal_processes):
+    with _delegated_lease(tmp_path / "locks.db", "forked", renewal_processes) as (client, lease, pid):
+        child = os.fork()
+        if child == 0:  # the child: report by exit code only, never return into pytest
+            code = FORK_OTHER
+            try:
+                lease.__exit__(None, None, None)
+                code = FORK_RETURNED
+            except RuntimeError as error:
+                code = FORK_RAISED if "forked child" in str(error) else FORK_OTHER
+            finally:
+                os._exit(code)
+        status = None
+        for _ in range(1000):  # bounded: the child only raises and exits
+            done, status = os.waitpid(child, os.WNOHANG)
+            if done:
+                break
+            _PAUSE.wait(0.01)
+        else:
+            _stop_child(child)
+        assert status is not None and os.WIFEXITED(status), status
+        assert os.WEXITSTATUS(status) == FORK_RAISED
+        after_child = _renewals(lease)
+        _PAUSE.wait(2.2)
+        assert _renewals(lease) >= after_child + 3  # every 333 ms: about 6
+        assert lease.is_valid()
+        assert client.engine.link.pid == pid
+        assert client.engine.link.renewing == 1
+        assert [row["owner"] for row in client.inspect("locks")] == [lease.owner]
+    assert lease.state == "released"
+
+
+# ---- 6. cost ------------------------------------------------------------------------------------
+def test_nothing_starts_until_a_lease_needs_the_renewal_process(tmp_path):
+    threads, children = _threads(), _children()
+    client = SQLiteClient(tmp_path / "locks.db")
+    try:
+        assert client.inspect("locks") == []
+        assert client.engine.link is not None and client.engine.link.pid is None
+        assert not _threads() - threads and not _children() - children  # a client that never acquires
+        with SyncDistributedLock(client, table="locks", key="short", lease_duration=0.5) as lease:
+            _PAUSE.wait(0.6)
+            assert lease.metrics.renewals >= 2 and lease.is_valid()  # renewed here, every 167 ms
+        assert client.engine.link.pid is None and not _children() - children
+    finally:
+        client.close()
+    memory = MemoryClient()
+    try:
+        assert memory.engine.link is None
+        with SyncDistributedLock(memory, table="locks", key="memory", lease_duration=LEASE_S) as lease:
+            _PAUSE.wait(0.5)
+            assert lease.metrics.renewals >= 1 and lease.is_valid()
+        assert not _children() - children
+    finally:
+        memory.close()
+
+
+def test_an_acquisition_does_not_wait_for_the_renewal_process(tmp_path, monkeypatch, renewal_processes):
+    # Every Python process started from here now takes 1.5 s to start (a sitecustomize that sleeps):
+    # an acquisition that waited for the renewal process could not return sooner.
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(1.5)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    client = SQLiteClient(tmp_path / "locks.db")
+    try:
+        started = time.monotonic()
+        with SyncDistributedLock(client, table="locks", key="slow-start", lease_duration=3) as lease:
+            acquired_in = time.monotonic() - started
+            assert acquired_in < 1.0, acquired_in
+            _renewal_pid(client, renewal_processes)
+            assert _until(lambda: _renewals(lease) >= 1, 8)  # renewed once the process is up
+            assert lease.is_valid()
+    finally:
+        client.close()
+
+
+# ---- 7. a thousand leases ---------------------------------------------------------------------------
+def test_a_thousand_leases_renew_from_the_renewal_process_on_a_few_threads(tmp_path, capsys, renewal_processes):
+    threads = _threads()
+    client = SQLiteClient(tmp_path / "locks.db")
+    guards = [SyncDistributedLock(client, table="locks", key=f"k{i}", lease_duration=10) for i in range(1000)]
+    started = time.monotonic()
+    try:
+        for guard in guards:
+            guard.__enter__()
+        acquired_s = time.monotonic() - started
+        _renewal_pid(client, renewal_processes)
+        renewed = _until(lambda: all(_renewals(guard) >= 1 for guard in guards), 12, step_s=0.25)
+        held_s = time.monotonic() - started
+        lost = [guard.key for guard in guards if not guard.is_valid()]
+        new = _threads() - threads
+        # (Without the compiled core, the pulse is a Python thread of that name.)
+        new_python = new & {t.native_id for t in threading.enumerate() if t.name != "fastlease-pulse"}
+        delegated = client.engine.link.renewing
+    finally:
+        release_started = time.monotonic()
+        for guard in guards:
+            guard.__exit__(None, None, None)
+        released_s = time.monotonic() - release_started
+        client.close()
+    with capsys.disabled():
+        print(f"\n1000 leases x 10 s from the renewal process: acquired in {acquired_s:.2f} s, all renewed "
+              f"after {held_s:.2f} s, released in {released_s:.2f} s; holder threads +{len(new)} "
+              f"({len(new_python)} scheduler and workers, {len(new - new_python)} pulse)")
+    assert renewed and lost == [] and delegated == 1000
+    assert sum(guard.metrics.lost for guard in guards) == 0
+    # The scheduler and its workers (at most 1 + RENEWAL_WORKERS = 4 Python threads), and the pulse.
+    assert len(new_python) <= 1 + _impl.core.RENEWAL_WORKERS
+    assert len(new - new_python) <= 1
+    with sqlite3.connect(tmp_path / "locks.db") as db:
+        assert db.execute('SELECT count(*) FROM "fastlease_lock_locks" WHERE owner IS NOT NULL').fetchone() == (0,)
