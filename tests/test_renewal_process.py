@@ -17,9 +17,11 @@ renewal processes, each stopped by its PID when the test ends.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sqlite3
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -245,6 +247,211 @@ def test_a_forked_child_cannot_release_and_the_parent_keeps_renewing(tmp_path, r
         assert client.engine.link.renewing == 1
         assert [row["owner"] for row in client.inspect("locks")] == [lease.owner]
     assert lease.state == "released"
+
+
+# ---- 3. no renewal write after a release, a loss or max_hold (Redis MONITOR) ---------------------
+class CommandLog:
+    """Every command the Redis server runs, in its order: MONITOR on a connection of its own, read by
+    a thread until ``close`` (bounded)."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url)
+        self._monitor = self._redis.monitor()
+        self._monitor.__enter__()  # MONITOR is answered before any later command is reported
+        self._entries: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="test-redis-monitor", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        connection = self._monitor.connection
+        while not self._stop.is_set():
+            if connection.can_read(timeout=0.05):
+                entry = self._monitor.next_command()
+                with self._lock:
+                    self._entries.append(entry)
+
+    def entries(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._entries)
+
+    def mark(self, redis_db: Any, text: str) -> None:
+        """Send ECHO ``text`` and wait (bounded) until it is logged: everything the server ran before
+        it is in the log then."""
+        redis_db.echo(text)
+        assert _until(lambda: any(e["command"] == f"ECHO {text}" for e in self.entries()), 5)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._monitor.__exit__()
+        self._redis.close()
+
+    def __enter__(self) -> CommandLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _script_calls(entries: list[dict[str, Any]], name: str, key: str) -> list[int]:
+    """Positions in ``entries`` of the calls of script ``name`` (RENEW, RELEASE ...) on lock ``key``."""
+    from fastlease.stores import redis as store
+
+    script = next(s for s in store._ALL_SCRIPTS if s.name == name)
+    prefix = f"EVALSHA {script.sha.decode()} 1 {store.lease_key('locks', key).decode()} "
+    return [i for i, entry in enumerate(entries) if entry["command"].startswith(prefix)]
+
+
+@pytest.fixture
+def command_log(redis_url: str) -> Iterator[CommandLog]:
+    with CommandLog(redis_url) as log:
+        yield log
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[Any]:
+    from fastlease import RedisClient
+
+    with RedisClient(redis_url) as client:
+        yield client
+
+
+def test_release_stops_renewals_before_the_release_and_none_follow(redis_client, redis_db, command_log,
+                                                                   renewal_processes):
+    with SyncDistributedLock(redis_client, table="locks", key="released", lease_duration=LEASE_S) as lease:
+        _renewal_pid(redis_client, renewal_processes)
+        _PAUSE.wait(1.5)  # four renewals, from the renewal process
+        assert lease.is_valid()
+    _PAUSE.wait(1.0)  # three renewal intervals after the release
+    command_log.mark(redis_db, "released-end")
+    entries = command_log.entries()
+    renewals = _script_calls(entries, "RENEW", "released")
+    releases = _script_calls(entries, "RELEASE", "released")
+    assert len(renewals) >= 3 and releases, [e["command"][:60] for e in entries]
+    assert max(renewals) < releases[0], "a renewal write reached the store after the release request"
+    # The renewals came from the renewal process's connections, the release from the holder's.
+    assert {entries[i]["client_port"] for i in renewals}.isdisjoint(entries[i]["client_port"] for i in releases)
+
+
+def test_no_renewal_write_after_a_loss(redis_client, redis_db, command_log, renewal_processes):
+    from fastlease.stores.redis import lease_key
+
+    with pytest.raises(LockLost) as info:
+        with SyncDistributedLock(redis_client, table="locks", key="stolen", lease_duration=LEASE_S) as lease:
+            _renewal_pid(redis_client, renewal_processes)
+            assert _until(lambda: _renewals(lease) >= 2, 5)
+            redis_db.hset(lease_key("locks", "stolen"), "owner", "thief")  # the next renewal fails
+            assert _until(lambda: not lease.is_valid(), 3)
+            _PAUSE.wait(1.0)
+            command_log.mark(redis_db, "stolen-end")
+    assert info.value.cause == "stolen"
+    entries = command_log.entries()
+    stolen_at = [e["command"] for e in entries].index("HSET fastlease:locks:lease:stolen owner thief")
+    renewals = _script_calls(entries, "RENEW", "stolen")
+    assert any(i < stolen_at for i in renewals)
+    assert len([i for i in renewals if i > stolen_at]) <= 1, "renewals went on after the store refused one"
+
+
+def test_renewals_stop_at_max_hold(redis_client, redis_db, command_log, renewal_processes):
+    with pytest.raises(LockLost) as info:
+        with SyncDistributedLock(redis_client, table="locks", key="max-hold", lease_duration=LEASE_S,
+                                 max_hold=1.5) as lease:
+            _renewal_pid(redis_client, renewal_processes)
+            assert lease.lost.wait(5)  # lapses 0.9 s after the last renewal before max_hold
+            cause = lease.lost_cause
+            _PAUSE.wait(1.0)
+            command_log.mark(redis_db, "max-hold-end")
+    # (The release then finds the row expired, and reports that as the row no longer being ours.)
+    assert cause == "cancelled" and info.value.cause in ("cancelled", "stolen")
+    renewals = _script_calls(command_log.entries(), "RENEW", "max-hold")
+    # Renewal k cannot start before k * 333 ms: four fit in 1.5 s, a fifth only if max_hold were ignored.
+    assert 2 <= len(renewals) <= 4, len(renewals)
+
+
+# ---- 5. Redis connection settings ---------------------------------------------------------------
+PASSWORD = "s3cret-for-tests"
+
+
+@pytest.fixture
+def unix_redis() -> Iterator[str]:
+    """A redis-server on a unix socket only (no TCP port), whose one user is ``fastlease`` with a
+    password; the default user is off. Stopped by its PID."""
+    from fastlease.testing._process import ServerProcess
+    from fastlease.testing.redis_server import READY_TEXT, redis_server_path
+
+    executable = redis_server_path()
+    if executable is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("redis-server is not installed")
+        pytest.skip("redis-server is not installed")
+    directory = tempfile.mkdtemp(prefix="fl-redis-")  # short: a socket path has 107 bytes at most
+    path = os.path.join(directory, "redis.sock")
+    server = ServerProcess("redis-server (unix socket)")
+
+    def command(port: int) -> list[str]:
+        return [executable, "--port", "0", "--unixsocket", path, "--unixsocketperm", "700", "--save", "",
+                "--appendonly", "no", "--daemonize", "no", "--logfile", "", "--dir", directory,
+                "--user", "default", "off", "--user", "fastlease", "on", f">{PASSWORD}", "~*", "&*", "+@all"]
+
+    server.start(command, lambda line: READY_TEXT in line.lower(), timeout_s=20)
+    try:
+        yield path
+    finally:
+        server.stop()
+        for name in os.listdir(directory):
+            os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
+
+
+@pytest.mark.server
+def test_redis_unix_socket_database_and_acl_user_renew_from_the_renewal_process(unix_redis, renewal_processes):
+    import redis
+
+    from fastlease import RedisClient
+    from fastlease.stores.redis import lease_key
+
+    def connect(db: int) -> Any:
+        return redis.Redis(unix_socket_path=unix_redis, db=db, username="fastlease", password=PASSWORD)
+
+    client = RedisClient(connect(3))
+    try:
+        with SyncDistributedLock(client, table="locks", key="unix", lease_duration=LEASE_S) as lease:
+            _renewal_pid(client, renewal_processes)
+            _PAUSE.wait(1.5)
+            assert _renewals(lease) >= 3 and lease.is_valid()
+            assert client.engine.link.renewing == 1
+            with connect(3) as db3, connect(0) as db0:
+                assert db3.hget(lease_key("locks", "unix"), "owner") == lease.owner.encode()
+                assert not db0.exists(lease_key("locks", "unix"))
+    finally:
+        client.close()
+
+
+@pytest.mark.server
+def test_a_setting_that_cannot_be_reproduced_keeps_renewals_here_logged_once(unix_redis, caplog):
+    import redis
+
+    from fastlease import RedisClient
+
+    provider = redis.UsernamePasswordCredentialProvider("fastlease", PASSWORD)
+    before = _children()
+    client = RedisClient(redis.Redis(unix_socket_path=unix_redis, db=3, credential_provider=provider))
+    try:
+        with caplog.at_level(logging.INFO, logger="fastlease.renewal"):
+            for key in ("first", "second"):
+                with SyncDistributedLock(client, table="locks", key=key, lease_duration=LEASE_S) as lease:
+                    _PAUSE.wait(0.8)
+                    assert lease.metrics.renewals >= 2 and lease.is_valid()  # renewed in this process
+        assert client.engine.link.pid is None and not _children() - before
+    finally:
+        client.close()
+    reasons = [r.getMessage() for r in caplog.records if r.name == "fastlease.renewal"]
+    assert len(reasons) == 1 and "credential_provider" in reasons[0], reasons
+    assert caplog.records[0].levelno == logging.INFO
 
 
 # ---- 6. cost ------------------------------------------------------------------------------------
