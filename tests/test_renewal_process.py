@@ -16,9 +16,11 @@ renewal processes, each stopped by its PID when the test ends.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import sqlite3
 import tempfile
@@ -29,6 +31,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
+from chaos.proxy import FaultProxy
 from fastlease import LockLost, MemoryClient, SQLiteClient, SyncDistributedLock, _impl
 from fastlease.testing import FakeClock
 
@@ -370,6 +373,175 @@ def test_renewals_stop_at_max_hold(redis_client, redis_db, command_log, renewal_
     renewals = _script_calls(command_log.entries(), "RENEW", "max-hold")
     # Renewal k cannot start before k * 333 ms: four fit in 1.5 s, a fifth only if max_hold were ignored.
     assert 2 <= len(renewals) <= 4, len(renewals)
+
+
+# ---- 4. DynamoDB credentials ----------------------------------------------------------------------
+class SigningRecorder(FaultProxy):
+    """The suite's TCP proxy (no faults set), recording which access key signed each request that
+    passes through it, and its X-Amz-Target: ``requests`` is a list of (time.time(), target, key)."""
+
+    _HEAD = re.compile(rb"X-Amz-Target: (\S+).*?Credential=([^/]+)/", re.S | re.I)
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        super().__init__(upstream_host, upstream_port)
+        self.requests: list[tuple[float, str, str]] = []
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: bool,
+                    other: asyncio.StreamWriter) -> None:
+        if upstream:
+            reader = _Tap(reader, self.requests)  # type: ignore[assignment]
+        await super()._pump(reader, writer, upstream, other)
+
+    def of(self, target: str) -> list[tuple[float, str]]:
+        return [(at, key) for at, name, key in list(self.requests) if name.endswith("." + target)]
+
+
+class _Tap:
+    """Reads one connection's requests as they pass: heads are parsed, bodies skipped."""
+
+    def __init__(self, reader: asyncio.StreamReader, requests: list[tuple[float, str, str]]) -> None:
+        self._reader = reader
+        self._requests = requests
+        self._buffer = b""
+
+    async def read(self, size: int) -> bytes:
+        chunk = await self._reader.read(size)
+        self._buffer += chunk
+        while True:
+            end = self._buffer.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            head = self._buffer[:end]
+            length = re.search(rb"Content-Length: (\d+)", head, re.I)
+            size_of_body = int(length.group(1)) if length else 0
+            if len(self._buffer) < end + 4 + size_of_body:
+                break
+            found = SigningRecorder._HEAD.search(head)
+            if found:
+                self._requests.append((time.time(), found.group(1).decode(), found.group(2).decode()))
+            self._buffer = self._buffer[end + 4 + size_of_body:]
+        return chunk
+
+
+@pytest.fixture
+def dynamodb_table(moto_session: Any, moto_endpoint: str) -> Iterator[str]:
+    from fastlease import DynamoDBClient
+
+    admin = DynamoDBClient(session=moto_session, endpoint_url=moto_endpoint, fast_path=False)
+    name = f"renewal-{os.getpid()}-{time.monotonic_ns()}"
+    admin.create_lock_table(name)
+    try:
+        yield name
+    finally:
+        admin.boto3_client.delete_table(TableName=name)
+        admin.close()
+
+
+@pytest.fixture
+def recorder(moto_endpoint: str) -> Iterator[SigningRecorder]:
+    from urllib.parse import urlsplit
+
+    upstream = urlsplit(moto_endpoint)
+    proxy = SigningRecorder(upstream.hostname or "127.0.0.1", upstream.port or 80)
+    proxy.start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def _refreshable_client(endpoint_url: str, access_key: str, expires_in_s: float,
+                        refresh: Callable[[], dict[str, Any]], advisory_s: float, mandatory_s: float) -> Any:
+    """A boto3 DynamoDB client whose credentials are botocore RefreshableCredentials, found by the
+    session's own credential chain (a provider placed first)."""
+    import boto3
+    import botocore.credentials
+    import botocore.session
+
+    credentials = botocore.credentials.RefreshableCredentials.create_from_metadata(
+        {"access_key": access_key, "secret_key": "secret", "token": "token",
+         "expiry_time": _expiry(expires_in_s)},
+        refresh_using=refresh, method="test-refresh", advisory_timeout=advisory_s, mandatory_timeout=mandatory_s)
+
+    class Provider(botocore.credentials.CredentialProvider):
+        METHOD = "test-refresh"
+
+        def load(self) -> Any:
+            return credentials
+
+    session = botocore.session.Session()
+    session.get_component("credential_provider").insert_before("env", Provider())
+    return boto3.session.Session(botocore_session=session, region_name="us-east-1").client(
+        "dynamodb", endpoint_url=endpoint_url)
+
+
+def _expiry(in_s: float) -> str:
+    import datetime
+
+    return (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=in_s)).isoformat()
+
+
+def test_renewals_are_signed_with_refreshed_credentials(dynamodb_table, recorder, renewal_processes):
+    from fastlease import DynamoDBClient
+
+    refreshed_at: list[float] = []
+
+    def refresh() -> dict[str, Any]:
+        refreshed_at.append(time.time())
+        return {"access_key": "AKIDNEW", "secret_key": "secret2", "token": "token2", "expiry_time": _expiry(3600)}
+
+    # Refresh is due 2 s from now (38 s before the 40 s expiry): while the renewal process renews.
+    boto3_client = _refreshable_client(f"http://127.0.0.1:{recorder.port}", "AKIDOLD", 40, refresh, 38, 1)
+    client = DynamoDBClient(boto3_client)
+    try:
+        assert client.transport == "fast"
+        with SyncDistributedLock(client, table=dynamodb_table, key="rotated", lease_duration=LEASE_S) as lease:
+            _renewal_pid(client, renewal_processes)
+            assert _until(lambda: refreshed_at, 5), "the credentials were never refreshed"
+            _PAUSE.wait(1.5)
+            assert lease.is_valid() and client.engine.link.renewing == 1
+    finally:
+        client.close()
+    keys = [key for _, key in recorder.of("UpdateItem")]
+    assert "AKIDOLD" in keys and "AKIDNEW" in keys, keys
+    first_new = keys.index("AKIDNEW")
+    assert set(keys[:first_new]) == {"AKIDOLD"} and set(keys[first_new:]) == {"AKIDNEW"}, keys
+    assert len(keys) - first_new >= 3, keys  # the renewal process kept signing with the new key
+
+
+def test_expired_credentials_end_renewals_and_the_lease(dynamodb_table, recorder, renewal_processes):
+    from botocore.exceptions import CredentialRetrievalError
+
+    from fastlease import DynamoDBClient
+    from fastlease.exceptions import LockReleaseError
+
+    def refresh() -> dict[str, Any]:
+        raise CredentialRetrievalError(provider="test-refresh", error_msg="no new credentials")
+
+    expires_at = time.time() + 3.0
+    boto3_client = _refreshable_client(f"http://127.0.0.1:{recorder.port}", "AKIDOLD", 3.0, refresh, 1, 0.5)
+    client = DynamoDBClient(boto3_client)
+    guard = SyncDistributedLock(client, table=dynamodb_table, key="expiring", lease_duration=LEASE_S)
+    try:
+        guard.__enter__()
+        _renewal_pid(client, renewal_processes)
+        assert _until(lambda: not guard.is_valid(), 3.0 + 0.9 + 2.0), "the lease outlived its credentials"
+        lost_at = time.time()
+        _PAUSE.wait(1.0)
+        assert not guard.is_valid()
+        with pytest.raises(LockLost) as info:
+            guard.raise_if_lost()
+        assert info.value.cause in ("unreachable", "expired")
+    finally:
+        try:
+            guard.__exit__(None, None, None)
+        except (LockLost, LockReleaseError):
+            pass  # the holder cannot sign the release either
+        client.close()
+    renewals = recorder.of("UpdateItem")
+    assert len(renewals) >= 3 and {key for _, key in renewals} == {"AKIDOLD"}, renewals
+    assert max(at for at, _ in renewals) < expires_at + 0.2, "a renewal was signed after the credentials expired"
+    assert lost_at < expires_at + 0.9 + 1.0  # validity ran out from the last renewal before the expiry
 
 
 # ---- 5. Redis connection settings ---------------------------------------------------------------
