@@ -219,6 +219,12 @@ def _delegated_lease(path: Path, key: str, seen: list[int]) -> Iterator[tuple[An
         client.close()
 
 
+def _assert_collected(pid: int) -> None:
+    """The renewal process ``pid`` has exited and its client collected it: no zombie is left."""
+    assert _until(lambda: not os.path.exists(f"/proc/{pid}"), 5), \
+        f"renewal process {pid} not collected: {Path(f'/proc/{pid}/stat').read_text()[:80]!r}"
+
+
 @pytest.mark.posix
 def test_a_forked_child_cannot_release_and_the_parent_keeps_renewing(tmp_path, renewal_processes):
     with _delegated_lease(tmp_path / "locks.db", "forked", renewal_processes) as (client, lease, pid):
@@ -250,6 +256,19 @@ def test_a_forked_child_cannot_release_and_the_parent_keeps_renewing(tmp_path, r
         assert client.engine.link.renewing == 1
         assert [row["owner"] for row in client.inspect("locks")] == [lease.owner]
     assert lease.state == "released"
+    _assert_collected(pid)  # the renewal process exits with the client
+
+
+@pytest.mark.posix
+def test_a_renewal_process_that_stops_answering_is_killed_and_collected(tmp_path, renewal_processes):
+    with _delegated_lease(tmp_path / "locks.db", "frozen", renewal_processes) as (client, lease, pid):
+        os.kill(pid, signal.SIGSTOP)  # renews nothing and answers nothing from now on
+        # Lapses 0.9 s after its last renewal; the loss asks the renewal process to stop, and after
+        # min(lease/3, 5 s) * 2 + STOP_GRACE_S without an answer it is killed, before the loss is told.
+        assert lease.lost.wait(5) and lease.lost_cause == "expired"
+        assert client.engine.link.renewing == 0  # renewals are this process's again
+        _assert_collected(pid)
+    assert lease.state == "lost"  # the row was still ours: the release deleted it
 
 
 # ---- 3. no renewal write after a release, a loss or max_hold (Redis MONITOR) ---------------------

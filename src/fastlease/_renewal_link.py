@@ -163,6 +163,7 @@ class RenewalLink:
     def close(self) -> None:
         """The client closes: the renewal process exits (it sees the socket close), and the leases it
         renewed lapse at their validity, like every lease of a closed client."""
+        pid = self.pid  # read before the pulse closes: a closed native pulse no longer reports its child
         with self._lock:
             self._state = "gone" if self._state == "running" else self._state
             leases, self._leases = self._leases, {}
@@ -171,12 +172,11 @@ class RenewalLink:
         if self._pulse is not None:
             self._pulse.close()
         self._close_socket()
-        self._reap(wait_s=1.0)
+        self._reap(pid, wait_s=1.0)
 
-    def _reap(self, wait_s: float) -> None:
-        """Collect the renewal process's exit status once it has exited (it exits when the socket
-        closes), so that no zombie is left; waits at most ``wait_s``."""
-        pid = self.pid
+    def _reap(self, pid: Optional[int], wait_s: float) -> None:
+        """Collect the exit status of the renewal process ``pid`` once it has exited (it exits when the
+        socket closes), so that no zombie is left; waits at most ``wait_s``."""
         if not pid:
             return
         deadline = time.monotonic() + wait_s
@@ -319,7 +319,7 @@ class RenewalLink:
             except ProcessLookupError:
                 pass
         self._gone_locked("the renewal process was stopped")
-        self._reap(wait_s=5.0)
+        self._reap(pid, wait_s=5.0)
 
     def _forget_in_child(self) -> None:
         """A forked child: the renewal process belongs to the parent. Close our copies of its socket
