@@ -1,0 +1,725 @@
+"""The renewal process's safety rules (``_renewal_link``, ``_renewal_process``), one test per rule.
+
+Leases of 1 s or more are renewed by a per-client renewal process. What must hold whatever it does:
+
+1. the holder keeps the one validity truth: a confirmation never revives a lease;
+2. a forked child cannot release or disturb its parent's delegated lease;
+3. no renewal write reaches the store after a release, a loss or ``max_hold``;
+4. on DynamoDB it signs with the holder's current credentials, and with none once they expired;
+5. it reproduces the Redis connection settings, and refuses (once, logged) those it cannot;
+6. it costs nothing until needed, and nothing at all for the memory store and short leases;
+7. one client's thousand leases keep a fixed number of holder threads.
+
+Everything runs against real stores (SQLite files, redis-server, the serialised moto server) and real
+renewal processes, each stopped by its PID when the test ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import sqlite3
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+
+from chaos.proxy import FaultProxy
+from fastlease import LockLost, MemoryClient, SQLiteClient, SyncDistributedLock, _impl
+from fastlease.testing import FakeClock
+
+LEASE_S = 1.0  # the shortest lease the renewal process takes: renewals every 333 ms
+_PAUSE = threading.Event()  # never set: waited on for plain pauses
+
+
+# ---- processes and threads of this process, from /proc ------------------------------------------
+def _threads() -> set[int]:
+    """Thread ids of this process, native threads included (the renewal pulse is one). Compared as
+    sets: a thread of an earlier test that ends meanwhile must not hide a new one."""
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+def _children() -> set[int]:
+    """PIDs whose parent is this process (zombies included)."""
+    me = os.getpid()
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            found.add(int(name))
+    return found
+
+
+def _until(predicate: Callable[[], Any], timeout_s: float, step_s: float = 0.02) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout_s`` has passed; returns whether it became true."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        _PAUSE.wait(step_s)
+    return True
+
+
+def _stop_child(pid: Optional[int]) -> None:
+    """SIGKILL ``pid`` if it is still a child of this process, and reap it (bounded)."""
+    if not pid or pid not in _children():
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for _ in range(500):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        _PAUSE.wait(0.01)
+
+
+@pytest.fixture
+def renewal_processes() -> Iterator[list[int]]:
+    """PIDs of renewal processes a test saw (append ``client.engine.link.pid``), stopped after it."""
+    pids: list[int] = []
+    try:
+        yield pids
+    finally:
+        for pid in pids:
+            _stop_child(pid)
+
+
+def _renewals(guard: SyncDistributedLock) -> int:
+    guard.is_valid()  # applies the renewal process's reports first
+    return guard.metrics.renewals
+
+
+def _renewal_pid(client: Any, seen: list[int]) -> int:
+    """The client's renewal process, once it has started (bounded wait); recorded for the teardown."""
+    link = client.engine.link
+    assert link is not None, "this client renews in process"
+    assert _until(lambda: link.pid is not None, 10), "the renewal process did not start"
+    seen.append(link.pid)
+    return int(link.pid)
+
+
+# ---- 1. one validity truth -----------------------------------------------------------------------
+class _DelegatingLink:
+    """Stands for the client's renewal link, so that a lease counts as delegated while the test hands
+    ``Lease.apply_renewal`` the confirmations itself, at chosen stamps, on a fake clock."""
+
+    def register(self, lease: Any, mono_ns: int, wall_ns: int, hold_until_ns: int) -> int:
+        return 1
+
+    def sync(self) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+    def stop(self, lease: Any, link_id: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+COUNTERS = (1, 0, 0, 0, 1)  # what a renewal process reports with a confirmation: its request counters
+
+
+def test_a_confirmation_outside_validity_or_after_the_end_never_revives(core, make_client):
+    clock = FakeClock()
+    client = make_client(clock=clock)
+    client.engine.link = _DelegatingLink()
+    lease_ms = 3000  # validity 2.7 s from each confirmed write's stamp
+    s = 1_000_000_000
+
+    def held() -> Any:
+        lease = core.Lease(client, "locks", f"k{clock.monotonic_ns()}", lease_ms, 0)
+        lease.acquire()
+        return lease, clock.monotonic_ns(), clock.time_ns()
+
+    # A confirmation inside validity extends it (what the rules below refuse is therefore a refusal).
+    lease, mono, wall = held()
+    lease.apply_renewal("v1", mono + s, wall + s, COUNTERS)
+    assert lease.version == "v1"
+    clock.advance(3.0)  # past the acquisition's validity (2.7 s), inside the renewal's (3.7 s)
+    assert lease.is_valid()
+    lease.release()
+
+    # A late confirmation, stamped before the validity it would extend began: nothing changes.
+    lease, mono, wall = held()
+    version = lease.version
+    lease.apply_renewal("stale", mono - 1, wall - 1, COUNTERS)
+    assert lease.version == version
+    clock.advance(2.8)
+    assert not lease.is_valid()
+    with pytest.raises(LockLost):
+        lease.raise_if_lost()
+
+    # Validity has ended but nothing has looked yet (the holder's thread was busy): a confirmation
+    # stamped now lies outside it and does not revive the lease.
+    lease, mono, wall = held()
+    client.engine.scheduler.cancel(lease)  # the holder's own step never runs: only the report arrives
+    clock.advance(2.8)
+    lease.apply_renewal("too-late", clock.monotonic_ns(), clock.time_ns(), COUNTERS)
+    assert lease.version != "too-late"
+    assert not lease.is_valid()
+    with pytest.raises(LockLost) as info:
+        lease.raise_if_lost()
+    assert info.value.cause == "expired"
+
+    # Marked lost, then a confirmation stamped inside the old validity arrives: still lost.
+    lease, mono, wall = held()
+    clock.advance(2.8)
+    with pytest.raises(LockLost):
+        lease.raise_if_lost()
+    lease.apply_renewal("after-loss", mono + s, wall + s, COUNTERS)
+    assert lease.state_name == "lost" and lease.version != "after-loss"
+    assert not lease.is_valid()
+    with pytest.raises(LockLost):
+        lease.raise_if_lost()
+
+    # Released, then a confirmation stamped inside validity arrives: still released.
+    lease, mono, wall = held()
+    lease.release()
+    lease.apply_renewal("after-release", mono + 1, wall + 1, COUNTERS)
+    assert lease.state_name == "released" and lease.version != "after-release"
+    assert not lease.is_valid()
+
+
+# ---- 2. fork ------------------------------------------------------------------------------------
+FORK_RAISED, FORK_RETURNED, FORK_OTHER = 10, 11, 12
+
+
+@contextlib.contextmanager
+def _delegated_lease(path: Path, key: str, seen: list[int]) -> Iterator[tuple[Any, Any, int]]:
+    """(client, guard, renewal process PID) of a SQLite lease of 1 s on ``key`` that its client's
+    renewal process has renewed; released, then the client closed, when the block ends."""
+    client = SQLiteClient(path)
+    try:
+        with SyncDistributedLock(client, table="locks", key=key, lease_duration=LEASE_S) as lease:
+            pid = _renewal_pid(client, seen)
+            assert _until(lambda: _renewals(lease) >= 1, 5)
+            yield client, lease, pid
+    finally:
+        client.close()
+
+
+def _assert_collected(pid: int) -> None:
+    """The renewal process ``pid`` has exited and its client collected it: no zombie is left."""
+    assert _until(lambda: not os.path.exists(f"/proc/{pid}"), 5), \
+        f"renewal process {pid} not collected: {Path(f'/proc/{pid}/stat').read_text()[:80]!r}"
+
+
+@pytest.mark.posix
+def test_a_forked_child_cannot_release_and_the_parent_keeps_renewing(tmp_path, renewal_processes):
+    with _delegated_lease(tmp_path / "locks.db", "forked", renewal_processes) as (client, lease, pid):
+        child = os.fork()
+        if child == 0:  # the child: report by exit code only, never return into pytest
+            code = FORK_OTHER
+            try:
+                lease.__exit__(None, None, None)
+                code = FORK_RETURNED
+            except RuntimeError as error:
+                code = FORK_RAISED if "forked child" in str(error) else FORK_OTHER
+            finally:
+                os._exit(code)
+        status = None
+        for _ in range(1000):  # bounded: the child only raises and exits
+            done, status = os.waitpid(child, os.WNOHANG)
+            if done:
+                break
+            _PAUSE.wait(0.01)
+        else:
+            _stop_child(child)
+        assert status is not None and os.WIFEXITED(status), status
+        assert os.WEXITSTATUS(status) == FORK_RAISED
+        after_child = _renewals(lease)
+        _PAUSE.wait(2.2)
+        assert _renewals(lease) >= after_child + 3  # every 333 ms: about 6
+        assert lease.is_valid()
+        assert client.engine.link.pid == pid
+        assert client.engine.link.renewing == 1
+        assert [row["owner"] for row in client.inspect("locks")] == [lease.owner]
+    assert lease.state == "released"
+    _assert_collected(pid)  # the renewal process exits with the client
+
+
+@pytest.mark.posix
+def test_a_renewal_process_that_stops_answering_is_killed_and_collected(tmp_path, renewal_processes):
+    with _delegated_lease(tmp_path / "locks.db", "frozen", renewal_processes) as (client, lease, pid):
+        os.kill(pid, signal.SIGSTOP)  # renews nothing and answers nothing from now on
+        # Lapses 0.9 s after its last renewal; the loss asks the renewal process to stop, and after
+        # min(lease/3, 5 s) * 2 + STOP_GRACE_S without an answer it is killed, before the loss is told.
+        assert lease.lost.wait(5) and lease.lost_cause == "expired"
+        assert client.engine.link.renewing == 0  # renewals are this process's again
+        _assert_collected(pid)
+    assert lease.state == "lost"  # the row was still ours: the release deleted it
+
+
+# ---- 3. no renewal write after a release, a loss or max_hold (Redis MONITOR) ---------------------
+class CommandLog:
+    """Every command the Redis server runs, in its order: MONITOR on a connection of its own, read by
+    a thread until ``close`` (bounded)."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url)
+        self._monitor = self._redis.monitor()
+        self._monitor.__enter__()  # MONITOR is answered before any later command is reported
+        self._entries: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="test-redis-monitor", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        connection = self._monitor.connection
+        while not self._stop.is_set():
+            if connection.can_read(timeout=0.05):
+                entry = self._monitor.next_command()
+                with self._lock:
+                    self._entries.append(entry)
+
+    def entries(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._entries)
+
+    def mark(self, redis_db: Any, text: str) -> None:
+        """Send ECHO ``text`` and wait (bounded) until it is logged: everything the server ran before
+        it is in the log then."""
+        redis_db.echo(text)
+        assert _until(lambda: any(e["command"] == f"ECHO {text}" for e in self.entries()), 5)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._monitor.__exit__()
+        self._redis.close()
+
+    def __enter__(self) -> CommandLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _script_calls(entries: list[dict[str, Any]], name: str, key: str) -> list[int]:
+    """Positions in ``entries`` of the calls of script ``name`` (RENEW, RELEASE ...) on lock ``key``."""
+    from fastlease.stores import redis as store
+
+    script = next(s for s in store._ALL_SCRIPTS if s.name == name)
+    prefix = f"EVALSHA {script.sha.decode()} 1 {store.lease_key('locks', key).decode()} "
+    return [i for i, entry in enumerate(entries) if entry["command"].startswith(prefix)]
+
+
+@pytest.fixture
+def command_log(redis_url: str) -> Iterator[CommandLog]:
+    with CommandLog(redis_url) as log:
+        yield log
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[Any]:
+    from fastlease import RedisClient
+
+    with RedisClient(redis_url) as client:
+        yield client
+
+
+def test_release_stops_renewals_before_the_release_and_none_follow(redis_client, redis_db, command_log,
+                                                                   renewal_processes):
+    with SyncDistributedLock(redis_client, table="locks", key="released", lease_duration=LEASE_S) as lease:
+        _renewal_pid(redis_client, renewal_processes)
+        _PAUSE.wait(1.5)  # four renewals, from the renewal process
+        assert lease.is_valid()
+    _PAUSE.wait(1.0)  # three renewal intervals after the release
+    command_log.mark(redis_db, "released-end")
+    entries = command_log.entries()
+    renewals = _script_calls(entries, "RENEW", "released")
+    releases = _script_calls(entries, "RELEASE", "released")
+    assert len(renewals) >= 3 and releases, [e["command"][:60] for e in entries]
+    assert max(renewals) < releases[0], "a renewal write reached the store after the release request"
+    # The renewals came from the renewal process's connections, the release from the holder's.
+    assert {entries[i]["client_port"] for i in renewals}.isdisjoint(entries[i]["client_port"] for i in releases)
+
+
+def test_no_renewal_write_after_a_loss(redis_client, redis_db, command_log, renewal_processes):
+    from fastlease.stores.redis import lease_key
+
+    with pytest.raises(LockLost) as info:
+        with SyncDistributedLock(redis_client, table="locks", key="stolen", lease_duration=LEASE_S) as lease:
+            _renewal_pid(redis_client, renewal_processes)
+            assert _until(lambda: _renewals(lease) >= 2, 5)
+            redis_db.hset(lease_key("locks", "stolen"), "owner", "thief")  # the next renewal fails
+            assert _until(lambda: not lease.is_valid(), 3)
+            _PAUSE.wait(1.0)
+            command_log.mark(redis_db, "stolen-end")
+    assert info.value.cause == "stolen"
+    entries = command_log.entries()
+    stolen_at = [e["command"] for e in entries].index("HSET fastlease:locks:lease:stolen owner thief")
+    renewals = _script_calls(entries, "RENEW", "stolen")
+    assert any(i < stolen_at for i in renewals)
+    assert len([i for i in renewals if i > stolen_at]) <= 1, "renewals went on after the store refused one"
+
+
+def test_renewals_stop_at_max_hold(redis_client, redis_db, command_log, renewal_processes):
+    with pytest.raises(LockLost) as info:
+        with SyncDistributedLock(redis_client, table="locks", key="max-hold", lease_duration=LEASE_S,
+                                 max_hold=1.5) as lease:
+            _renewal_pid(redis_client, renewal_processes)
+            assert lease.lost.wait(5)  # lapses 0.9 s after the last renewal before max_hold
+            cause = lease.lost_cause
+            _PAUSE.wait(1.0)
+            command_log.mark(redis_db, "max-hold-end")
+    # (The release then finds the row expired, and reports that as the row no longer being ours.)
+    assert cause == "cancelled" and info.value.cause in ("cancelled", "stolen")
+    renewals = _script_calls(command_log.entries(), "RENEW", "max-hold")
+    # Renewal k cannot start before k * 333 ms: four fit in 1.5 s, a fifth only if max_hold were ignored.
+    assert 2 <= len(renewals) <= 4, len(renewals)
+
+
+# ---- 4. DynamoDB credentials ----------------------------------------------------------------------
+class SigningRecorder(FaultProxy):
+    """The suite's TCP proxy (no faults set), recording which access key signed each request that
+    passes through it, and its X-Amz-Target: ``requests`` is a list of (time.time(), target, key)."""
+
+    _HEAD = re.compile(rb"X-Amz-Target: (\S+).*?Credential=([^/]+)/", re.S | re.I)
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        super().__init__(upstream_host, upstream_port)
+        self.requests: list[tuple[float, str, str]] = []
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: bool,
+                    other: asyncio.StreamWriter) -> None:
+        if upstream:
+            reader = _Tap(reader, self.requests)  # type: ignore[assignment]
+        await super()._pump(reader, writer, upstream, other)
+
+    def of(self, target: str) -> list[tuple[float, str]]:
+        return [(at, key) for at, name, key in list(self.requests) if name.endswith("." + target)]
+
+
+class _Tap:
+    """Reads one connection's requests as they pass: heads are parsed, bodies skipped."""
+
+    def __init__(self, reader: asyncio.StreamReader, requests: list[tuple[float, str, str]]) -> None:
+        self._reader = reader
+        self._requests = requests
+        self._buffer = b""
+
+    async def read(self, size: int) -> bytes:
+        chunk = await self._reader.read(size)
+        self._buffer += chunk
+        while True:
+            end = self._buffer.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            head = self._buffer[:end]
+            length = re.search(rb"Content-Length: (\d+)", head, re.I)
+            size_of_body = int(length.group(1)) if length else 0
+            if len(self._buffer) < end + 4 + size_of_body:
+                break
+            found = SigningRecorder._HEAD.search(head)
+            if found:
+                self._requests.append((time.time(), found.group(1).decode(), found.group(2).decode()))
+            self._buffer = self._buffer[end + 4 + size_of_body:]
+        return chunk
+
+
+@pytest.fixture
+def dynamodb_table(moto_session: Any, moto_endpoint: str) -> Iterator[str]:
+    from fastlease import DynamoDBClient
+
+    admin = DynamoDBClient(session=moto_session, endpoint_url=moto_endpoint, fast_path=False)
+    name = f"renewal-{os.getpid()}-{time.monotonic_ns()}"
+    admin.create_lock_table(name)
+    try:
+        yield name
+    finally:
+        admin.boto3_client.delete_table(TableName=name)
+        admin.close()
+
+
+@pytest.fixture
+def recorder(moto_endpoint: str) -> Iterator[SigningRecorder]:
+    from urllib.parse import urlsplit
+
+    upstream = urlsplit(moto_endpoint)
+    proxy = SigningRecorder(upstream.hostname or "127.0.0.1", upstream.port or 80)
+    proxy.start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def _refreshable_client(endpoint_url: str, access_key: str, expires_in_s: float,
+                        refresh: Callable[[], dict[str, Any]], advisory_s: float, mandatory_s: float) -> Any:
+    """A boto3 DynamoDB client whose credentials are botocore RefreshableCredentials, found by the
+    session's own credential chain (a provider placed first)."""
+    import boto3
+    import botocore.credentials
+    import botocore.session
+
+    credentials = botocore.credentials.RefreshableCredentials.create_from_metadata(
+        {"access_key": access_key, "secret_key": "secret", "token": "token",
+         "expiry_time": _expiry(expires_in_s)},
+        refresh_using=refresh, method="test-refresh", advisory_timeout=advisory_s, mandatory_timeout=mandatory_s)
+
+    class Provider(botocore.credentials.CredentialProvider):
+        METHOD = "test-refresh"
+
+        def load(self) -> Any:
+            return credentials
+
+    session = botocore.session.Session()
+    session.get_component("credential_provider").insert_before("env", Provider())
+    return boto3.session.Session(botocore_session=session, region_name="us-east-1").client(
+        "dynamodb", endpoint_url=endpoint_url)
+
+
+def _expiry(in_s: float) -> str:
+    import datetime
+
+    return (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=in_s)).isoformat()
+
+
+def test_renewals_are_signed_with_refreshed_credentials(dynamodb_table, recorder, renewal_processes):
+    from fastlease import DynamoDBClient
+
+    refreshed_at: list[float] = []
+
+    def refresh() -> dict[str, Any]:
+        refreshed_at.append(time.time())
+        return {"access_key": "AKIDNEW", "secret_key": "secret2", "token": "token2", "expiry_time": _expiry(3600)}
+
+    # Refresh is due 2 s from now (38 s before the 40 s expiry): while the renewal process renews.
+    boto3_client = _refreshable_client(f"http://127.0.0.1:{recorder.port}", "AKIDOLD", 40, refresh, 38, 1)
+    client = DynamoDBClient(boto3_client)
+    try:
+        assert client.transport == "fast"
+        with SyncDistributedLock(client, table=dynamodb_table, key="rotated", lease_duration=LEASE_S) as lease:
+            _renewal_pid(client, renewal_processes)
+            assert _until(lambda: refreshed_at, 5), "the credentials were never refreshed"
+            _PAUSE.wait(1.5)
+            assert lease.is_valid() and client.engine.link.renewing == 1
+    finally:
+        client.close()
+    keys = [key for _, key in recorder.of("UpdateItem")]
+    assert "AKIDOLD" in keys and "AKIDNEW" in keys, keys
+    first_new = keys.index("AKIDNEW")
+    assert set(keys[:first_new]) == {"AKIDOLD"} and set(keys[first_new:]) == {"AKIDNEW"}, keys
+    assert len(keys) - first_new >= 3, keys  # the renewal process kept signing with the new key
+
+
+def test_expired_credentials_end_renewals_and_the_lease(dynamodb_table, recorder, renewal_processes):
+    from botocore.exceptions import CredentialRetrievalError
+
+    from fastlease import DynamoDBClient
+    from fastlease.exceptions import LockReleaseError
+
+    def refresh() -> dict[str, Any]:
+        raise CredentialRetrievalError(provider="test-refresh", error_msg="no new credentials")
+
+    expires_at = time.time() + 3.0
+    boto3_client = _refreshable_client(f"http://127.0.0.1:{recorder.port}", "AKIDOLD", 3.0, refresh, 1, 0.5)
+    client = DynamoDBClient(boto3_client)
+    guard = SyncDistributedLock(client, table=dynamodb_table, key="expiring", lease_duration=LEASE_S)
+    try:
+        guard.__enter__()
+        _renewal_pid(client, renewal_processes)
+        assert _until(lambda: not guard.is_valid(), 3.0 + 0.9 + 2.0), "the lease outlived its credentials"
+        lost_at = time.time()
+        _PAUSE.wait(1.0)
+        assert not guard.is_valid()
+        with pytest.raises(LockLost) as info:
+            guard.raise_if_lost()
+        assert info.value.cause in ("unreachable", "expired")
+    finally:
+        try:
+            guard.__exit__(None, None, None)
+        except (LockLost, LockReleaseError):
+            pass  # the holder cannot sign the release either
+        client.close()
+    renewals = recorder.of("UpdateItem")
+    assert len(renewals) >= 3 and {key for _, key in renewals} == {"AKIDOLD"}, renewals
+    assert max(at for at, _ in renewals) < expires_at + 0.2, "a renewal was signed after the credentials expired"
+    assert lost_at < expires_at + 0.9 + 1.0  # validity ran out from the last renewal before the expiry
+
+
+# ---- 5. Redis connection settings ---------------------------------------------------------------
+PASSWORD = "s3cret-for-tests"
+
+
+@pytest.fixture
+def unix_redis() -> Iterator[str]:
+    """A redis-server on a unix socket only (no TCP port), whose one user is ``fastlease`` with a
+    password; the default user is off. Stopped by its PID."""
+    from fastlease.testing._process import ServerProcess
+    from fastlease.testing.redis_server import READY_TEXT, redis_server_path
+
+    executable = redis_server_path()
+    if executable is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("redis-server is not installed")
+        pytest.skip("redis-server is not installed")
+    directory = tempfile.mkdtemp(prefix="fl-redis-")  # short: a socket path has 107 bytes at most
+    path = os.path.join(directory, "redis.sock")
+    server = ServerProcess("redis-server (unix socket)")
+
+    def command(port: int) -> list[str]:
+        return [executable, "--port", "0", "--unixsocket", path, "--unixsocketperm", "700", "--save", "",
+                "--appendonly", "no", "--daemonize", "no", "--logfile", "", "--dir", directory,
+                "--user", "default", "off", "--user", "fastlease", "on", f">{PASSWORD}", "~*", "&*", "+@all"]
+
+    server.start(command, lambda line: READY_TEXT in line.lower(), timeout_s=20)
+    try:
+        yield path
+    finally:
+        server.stop()
+        for name in os.listdir(directory):
+            os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
+
+
+@pytest.mark.server
+def test_redis_unix_socket_database_and_acl_user_renew_from_the_renewal_process(unix_redis, renewal_processes):
+    import redis
+
+    from fastlease import RedisClient
+    from fastlease.stores.redis import lease_key
+
+    def connect(db: int) -> Any:
+        return redis.Redis(unix_socket_path=unix_redis, db=db, username="fastlease", password=PASSWORD)
+
+    client = RedisClient(connect(3))
+    try:
+        with SyncDistributedLock(client, table="locks", key="unix", lease_duration=LEASE_S) as lease:
+            _renewal_pid(client, renewal_processes)
+            _PAUSE.wait(1.5)
+            assert _renewals(lease) >= 3 and lease.is_valid()
+            assert client.engine.link.renewing == 1
+            with connect(3) as db3, connect(0) as db0:
+                assert db3.hget(lease_key("locks", "unix"), "owner") == lease.owner.encode()
+                assert not db0.exists(lease_key("locks", "unix"))
+    finally:
+        client.close()
+
+
+@pytest.mark.server
+def test_a_setting_that_cannot_be_reproduced_keeps_renewals_here_logged_once(unix_redis, caplog):
+    import redis
+
+    from fastlease import RedisClient
+
+    provider = redis.UsernamePasswordCredentialProvider("fastlease", PASSWORD)
+    before = _children()
+    client = RedisClient(redis.Redis(unix_socket_path=unix_redis, db=3, credential_provider=provider))
+    try:
+        with caplog.at_level(logging.INFO, logger="fastlease.renewal"):
+            for key in ("first", "second"):
+                with SyncDistributedLock(client, table="locks", key=key, lease_duration=LEASE_S) as lease:
+                    _PAUSE.wait(0.8)
+                    assert lease.metrics.renewals >= 2 and lease.is_valid()  # renewed in this process
+        assert client.engine.link.pid is None and not _children() - before
+    finally:
+        client.close()
+    reasons = [r.getMessage() for r in caplog.records if r.name == "fastlease.renewal"]
+    assert len(reasons) == 1 and "credential_provider" in reasons[0], reasons
+    assert caplog.records[0].levelno == logging.INFO
+
+
+# ---- 6. cost ------------------------------------------------------------------------------------
+def test_nothing_starts_until_a_lease_needs_the_renewal_process(tmp_path):
+    threads, children = _threads(), _children()
+    client = SQLiteClient(tmp_path / "locks.db")
+    try:
+        assert client.inspect("locks") == []
+        assert client.engine.link is not None and client.engine.link.pid is None
+        assert not _threads() - threads and not _children() - children  # a client that never acquires
+        with SyncDistributedLock(client, table="locks", key="short", lease_duration=0.5) as lease:
+            _PAUSE.wait(0.6)
+            assert lease.metrics.renewals >= 2 and lease.is_valid()  # renewed here, every 167 ms
+        assert client.engine.link.pid is None and not _children() - children
+    finally:
+        client.close()
+    memory = MemoryClient()
+    try:
+        assert memory.engine.link is None
+        with SyncDistributedLock(memory, table="locks", key="memory", lease_duration=LEASE_S) as lease:
+            _PAUSE.wait(0.5)
+            assert lease.metrics.renewals >= 1 and lease.is_valid()
+        assert not _children() - children
+    finally:
+        memory.close()
+
+
+def test_an_acquisition_does_not_wait_for_the_renewal_process(tmp_path, monkeypatch, renewal_processes):
+    # Every Python process started from here now takes 1.5 s to start (a sitecustomize that sleeps):
+    # an acquisition that waited for the renewal process could not return sooner.
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(1.5)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    client = SQLiteClient(tmp_path / "locks.db")
+    try:
+        started = time.monotonic()
+        with SyncDistributedLock(client, table="locks", key="slow-start", lease_duration=3) as lease:
+            acquired_in = time.monotonic() - started
+            assert acquired_in < 1.0, acquired_in
+            _renewal_pid(client, renewal_processes)
+            assert _until(lambda: _renewals(lease) >= 1, 8)  # renewed once the process is up
+            assert lease.is_valid()
+    finally:
+        client.close()
+
+
+# ---- 7. a thousand leases ---------------------------------------------------------------------------
+def test_a_thousand_leases_renew_from_the_renewal_process_on_a_few_threads(tmp_path, capsys, renewal_processes):
+    threads = _threads()
+    client = SQLiteClient(tmp_path / "locks.db")
+    guards = [SyncDistributedLock(client, table="locks", key=f"k{i}", lease_duration=10) for i in range(1000)]
+    started = time.monotonic()
+    try:
+        for guard in guards:
+            guard.__enter__()
+        acquired_s = time.monotonic() - started
+        _renewal_pid(client, renewal_processes)
+        renewed = _until(lambda: all(_renewals(guard) >= 1 for guard in guards), 12, step_s=0.25)
+        held_s = time.monotonic() - started
+        lost = [guard.key for guard in guards if not guard.is_valid()]
+        new = _threads() - threads
+        # (Without the compiled core, the pulse is a Python thread of that name.)
+        new_python = new & {t.native_id for t in threading.enumerate() if t.name != "fastlease-pulse"}
+        delegated = client.engine.link.renewing
+    finally:
+        release_started = time.monotonic()
+        for guard in guards:
+            guard.__exit__(None, None, None)
+        released_s = time.monotonic() - release_started
+        client.close()
+    with capsys.disabled():
+        print(f"\n1000 leases x 10 s from the renewal process: acquired in {acquired_s:.2f} s, all renewed "
+              f"after {held_s:.2f} s, released in {released_s:.2f} s; holder threads +{len(new)} "
+              f"({len(new_python)} scheduler and workers, {len(new - new_python)} pulse)")
+    assert renewed and lost == [] and delegated == 1000
+    assert sum(guard.metrics.lost for guard in guards) == 0
+    # The scheduler and its workers (at most 1 + RENEWAL_WORKERS = 4 Python threads), and the pulse.
+    assert len(new_python) <= 1 + _impl.core.RENEWAL_WORKERS
+    assert len(new - new_python) <= 1
+    with sqlite3.connect(tmp_path / "locks.db") as db:
+        assert db.execute('SELECT count(*) FROM "fastlease_lock_locks" WHERE owner IS NOT NULL').fetchone() == (0,)
