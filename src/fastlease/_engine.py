@@ -705,6 +705,8 @@ class Lease:
     def counters(self) -> tuple[int, int, int, int, int, int, int, int, bool, float, float]:
         """(write_requests, read_requests, renewals, wait_ns, conditional_failures, request_failures,
         wait_timeouts, cleanup_failures, lost, consumed_rcu, consumed_wcu)."""
+        if self._link_id:
+            self._link.sync()  # the renewal process's reports so far count
         with self._mutex:
             rcu, wcu = self._rcu, self._wcu
             lost = self.lost_cause is not None
