@@ -61,6 +61,19 @@ def _wait_message(ctl: Any, timeout_s: float = WAIT_S) -> Any:
     return ctl.recv()
 
 
+def expect(ctl: Any, instruction: str) -> None:
+    """Wait (bounded) for the parent's next instruction, which must be ``instruction``."""
+    message = _wait_message(ctl)
+    if message != instruction:
+        raise RuntimeError(f"expected {instruction!r}, got {message!r}")
+
+
+def ready_for(out: Any, ctl: Any, instruction: str, *details: Any) -> None:
+    """Report ``("ready", pid, *details)``, then wait for ``instruction``."""
+    out.send(("ready", os.getpid(), *details))
+    expect(ctl, instruction)
+
+
 def _report_error(out: Any) -> None:
     try:
         out.send(("error", os.getpid(), traceback.format_exc()))
@@ -119,9 +132,7 @@ def contend(endpoint: str, table: str, key: str, rounds: int, fast_path: bool, l
 
         client = fastlease_client(endpoint, fast_path)
         try:
-            out.send(("ready", os.getpid()))
-            if _wait_message(ctl) != "start":
-                raise RuntimeError("expected 'start'")
+            ready_for(out, ctl, "start")
             rng = random.Random()
             holds = []
             for _ in range(rounds):
@@ -218,9 +229,7 @@ def idempotent_once(endpoint: str, table: str, key: str, hold_s: float, lease_s:
 
         client = fastlease_client(endpoint)
         try:
-            out.send(("ready", os.getpid()))
-            if _wait_message(ctl) != "go":
-                raise RuntimeError("expected 'go'")
+            ready_for(out, ctl, "go")
             with IdempotentCall(client, table=table, key=key, payload={"amount": 10}, lease_duration=lease_s,
                                 wait=CONTEND_WAIT_S) as call:
                 if call.replayed:
