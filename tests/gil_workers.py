@@ -143,3 +143,33 @@ def contend_once(endpoint: str, table: str, key: str, lease_s: float, wait_s: fl
         out.send(("done", os.getpid(), {"started": started, "ended": ended, "outcome": outcome}))
     except BaseException:  # noqa: BLE001 - reported to the parent
         _report_error(out)
+
+
+def hold_until_continued(endpoint: str, table: str, key: str, lease_s: float, out: Any, ctl: Any) -> None:
+    """Acquire ``key``, wait (bounded) until the renewal process has confirmed two renewals, report
+    ``("held", pid, owner, renewal process pid, renewals)`` and block reading ``ctl`` (the parent
+    SIGSTOPs us there). On "continue": check the lease, leave the block, report ``("done", pid, result)``."""
+    try:
+        from fastlease import SyncDistributedLock
+
+        client = fastlease_client(endpoint)
+
+        def body(lease: Any, result: Dict[str, Any]) -> None:
+            deadline = time.monotonic() + 10 * lease_s
+            # Bounded poll: is_valid() applies the renewal process's reports.
+            while lease.is_valid() and lease.metrics.renewals < 2 and time.monotonic() < deadline:
+                threading.Event().wait(0.02)
+            link = client.engine.link
+            out.send(("held", os.getpid(), lease.owner, None if link is None else link.pid, lease.metrics.renewals))
+            expect(ctl, "continue")
+            result["raise_if_lost"] = _outcome(lease.raise_if_lost)
+            result["valid"] = lease.is_valid()
+
+        try:
+            guard = SyncDistributedLock(client, table=table, key=key, lease_duration=lease_s, wait_timeout=10)
+            result = hold_in_block(guard, body)
+        finally:
+            client.close()
+        out.send(("done", os.getpid(), result))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        _report_error(out)

@@ -1,10 +1,12 @@
-"""Renewal while the holder's GIL is held, on every store.
+"""Renewal while the holder's GIL is held, and no renewal while the holder is stopped, on every store.
 
 The holder runs in a spawned child (``gil_workers``) with its own client; the contender in another
-process. With ``renewal="auto"`` the client's renewal process renews a 1 s lease through one
-``sum(range(N))`` of ~4.8 s, a C call that keeps every Python thread of the holder (its in-process
-renewal thread too) from running; a contender waiting 2.5 s meanwhile must be refused. The control,
-``renewal="thread"``, shows the first test can fail: the call outlives the lease.
+process (or, for SIGSTOP, in this one). With ``renewal="auto"`` the client's renewal process renews a
+1 s lease through one ``sum(range(N))`` of ~4.8 s, a C call that keeps every Python thread of the
+holder (its in-process renewal thread too) from running; a contender waiting 2.5 s meanwhile must be
+refused. A SIGSTOPped holder sends no pulse, so its renewal process stops renewing and a contender
+takes over after the lease; the resumed holder finds the lease lost and leaves the new owner's row
+alone. The control, ``renewal="thread"``, shows the first test can fail: the call outlives the lease.
 
 Every wait is bounded (``proc_helpers.receive``); the ``children`` fixture SIGKILLs every child by its
 PID when a test ends. Monotonic times compare across processes (CLOCK_MONOTONIC is system-wide).
@@ -12,13 +14,18 @@ PID when a test ends. Monotonic times compare across processes (CLOCK_MONOTONIC 
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import uuid
 from typing import Any, Iterator, NamedTuple, Tuple
 
 import pytest
 
 import gil_workers
-from proc_helpers import JOIN_S, Child, Children, receive, tell
+import mp_workers
+from fastlease import SyncDistributedLock
+from proc_helpers import JOIN_S, MIN_TAKEOVER_S, Child, Children, receive, tell
 
 pytestmark = pytest.mark.all_pythons
 
@@ -32,6 +39,10 @@ CALL_ATTEMPTS = 2
 #: Renewals are due every lease/3: a 4 s call at a 1 s lease spans at least 8 (12 on time).
 MIN_RENEWALS = 8
 CONTENDER_WAIT_S = 2.5
+#: The SIGSTOP test's contender waits this long, and must have taken over within STOP_BOUND_S of the stop
+#: (one lease after the renewal process's last renewal, which comes at most 400 ms after the last pulse).
+TAKEOVER_WAIT_S = 6.0
+STOP_BOUND_S = 3.0
 
 STORES = [
     pytest.param("sqlite", id="sqlite"),
@@ -149,3 +160,68 @@ def test_control_renewal_thread_loses_the_lease_during_a_gil_holding_call(
     assert result["renewal_pid"] is None
     # What the loss means: a second holder got the key while the first one was still in its call.
     assert attempt["outcome"]["type"] is None, f"the contender did not take over: {attempt['outcome']}"
+
+
+def _process_state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` (R, S, D: running; T: stopped; Z: zombie), "gone" if it
+    has exited; "alive" where there is no /proc (macOS)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return "gone"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "gone"
+    return "alive"
+
+
+def test_stopped_holder_is_taken_over_and_leaves_the_new_row_alone(target: Target, children: Children) -> None:
+    key = _key()
+    child = children.start(gil_workers.hold_until_continued, target.endpoint, target.table, key, LEASE_S)
+    _, pid, child_owner, renewal_pid, renewals = receive(child, "held")
+    assert renewal_pid is not None and renewals >= 2, (renewal_pid, renewals)
+    client = mp_workers.fastlease_client(target.endpoint)
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        # Block until the kernel reports the child stopped (bounded: SIGSTOP cannot be ignored).
+        waited_pid, status = os.waitpid(pid, os.WUNTRACED)
+        assert waited_pid == pid and os.WIFSTOPPED(status), f"child not stopped: status {status}"
+        stopped_at = time.monotonic()
+        try:
+            guard = SyncDistributedLock(client, table=target.table, key=key, lease_duration=5.0,
+                                        wait_timeout=TAKEOVER_WAIT_S)
+            with guard as lease:
+                took_over_s = time.monotonic() - stopped_at
+                # The renewal process ran all along: it stopped renewing by its rule (no pulse), not by a stop.
+                renewal_state = _process_state(renewal_pid)
+                rows = client.inspect(target.table, key)
+                assert [row["owner"] for row in rows] == [lease.owner] != [child_owner]
+                tell(child, "continue")
+                os.kill(pid, signal.SIGCONT)
+                _, _, result = receive(child, "done", timeout_s=30)
+                lease.raise_if_lost()
+                rows = client.inspect(target.table, key)
+                assert [row["owner"] for row in rows] == [lease.owner], f"the resumed holder changed the row: {rows}"
+            assert client.inspect(target.table, key) == []
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)  # (a no-op if it runs; the children fixture SIGKILLs it either way)
+            except ProcessLookupError:
+                pass
+    finally:
+        client.close()
+    _joined(child)
+    print(f"\n{target.name}: taken over {took_over_s:.2f} s after SIGSTOP; renewal process "
+          f"{renewal_state}; holder then: raise_if_lost {result['raise_if_lost']['cause']}, "
+          f"exit {result['exit']['cause']}")
+    assert renewal_state in ("R", "S", "D", "alive"), f"the renewal process was {renewal_state} during the stop"
+    assert MIN_TAKEOVER_S <= took_over_s < STOP_BOUND_S, f"taken over {took_over_s:.2f} s after the stop"
+    lost = result["raise_if_lost"]
+    assert lost["type"] == "LockLost" and lost["cause"] in ("expired", "unreachable"), lost
+    assert result["valid"] is False
+    # Its release found another owner's row: nothing deleted, LockLost (stolen) from the block's exit.
+    assert (result["exit"]["type"], result["exit"]["cause"]) == ("LockLost", "stolen"), result["exit"]
+    assert result["state"] == "lost"
