@@ -32,20 +32,20 @@ def boto3_session() -> Any:
     return boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION)
 
 
-def fastlease_client(endpoint: str, fast_path: bool = True) -> Any:
+def fastlease_client(endpoint: str, fast_path: bool = True, renewal: str = "auto") -> Any:
     """A client on the moto server at ``endpoint``, on the SQLite file of ``sqlite:PATH``, or on the Redis
-    server of a ``redis://`` URL."""
+    server of a ``redis://`` URL. ``renewal``: the client's option ("auto": the renewal process)."""
     if endpoint.startswith("sqlite:"):
         from fastlease import SQLiteClient
 
-        return SQLiteClient(endpoint[len("sqlite:"):])
+        return SQLiteClient(endpoint[len("sqlite:"):], renewal=renewal)
     if endpoint.startswith("redis://"):
         from fastlease.redis import RedisClient
 
-        return RedisClient(endpoint)
+        return RedisClient(endpoint, renewal=renewal)
     from fastlease.dynamodb import DynamoDBClient
 
-    return DynamoDBClient(session=boto3_session(), endpoint_url=endpoint, fast_path=fast_path)
+    return DynamoDBClient(session=boto3_session(), endpoint_url=endpoint, fast_path=fast_path, renewal=renewal)
 
 
 def pydynox_client(endpoint: str) -> Any:
@@ -59,6 +59,19 @@ def _wait_message(ctl: Any, timeout_s: float = WAIT_S) -> Any:
     if not ctl.poll(timeout_s):
         raise TimeoutError(f"no instruction from the parent within {timeout_s:g} s")
     return ctl.recv()
+
+
+def expect(ctl: Any, instruction: str) -> None:
+    """Wait (bounded) for the parent's next instruction, which must be ``instruction``."""
+    message = _wait_message(ctl)
+    if message != instruction:
+        raise RuntimeError(f"expected {instruction!r}, got {message!r}")
+
+
+def ready_for(out: Any, ctl: Any, instruction: str, *details: Any) -> None:
+    """Report ``("ready", pid, *details)``, then wait for ``instruction``."""
+    out.send(("ready", os.getpid(), *details))
+    expect(ctl, instruction)
 
 
 def _report_error(out: Any) -> None:
@@ -90,6 +103,24 @@ def _outcome(action: Any) -> Dict[str, Any]:
     return describe(None)
 
 
+def hold_in_block(guard: Any, body: Any) -> Dict[str, Any]:
+    """Run ``body(lease, outcomes)`` inside ``with guard``; ``outcomes`` (returned) also gets what leaving
+    the block raised ("exit": a LockLost or nothing), and the guard's ``lost_cause`` and ``state`` after."""
+    from fastlease import LockLost
+
+    outcomes: Dict[str, Any] = {}
+    try:
+        with guard as lease:
+            body(lease, outcomes)
+    except LockLost as error:
+        outcomes["exit"] = describe(error)
+    else:
+        outcomes["exit"] = describe(None)
+    outcomes["lost_cause"] = guard.lost_cause
+    outcomes["state"] = guard.state
+    return outcomes
+
+
 # ---- workers ------------------------------------------------------------------------------------
 def contend(endpoint: str, table: str, key: str, rounds: int, fast_path: bool, lease_s: float,
             out: Any, ctl: Any) -> None:
@@ -101,9 +132,7 @@ def contend(endpoint: str, table: str, key: str, rounds: int, fast_path: bool, l
 
         client = fastlease_client(endpoint, fast_path)
         try:
-            out.send(("ready", os.getpid()))
-            if _wait_message(ctl) != "start":
-                raise RuntimeError("expected 'start'")
+            ready_for(out, ctl, "start")
             rng = random.Random()
             holds = []
             for _ in range(rounds):
@@ -165,30 +194,25 @@ def commit_after_stop(endpoint: str, table: str, results_table: str, key: str, l
     for "go" (the parent SIGSTOPs us meanwhile and takes the key over). Then try to commit, check the
     lease and leave the block, and report ``("done", pid, outcomes)`` with what each step raised."""
     try:
-        from fastlease import LockLost, SyncDistributedLock
+        from fastlease import SyncDistributedLock
         from fastlease.dynamodb import SyncTransaction
 
         client = fastlease_client(endpoint)
-        outcomes: Dict[str, Any] = {}
-        guard = SyncDistributedLock(client, table=table, key=key, lease_duration=lease_s, wait_timeout=10)
+
+        def body(lease: Any, outcomes: Dict[str, Any]) -> None:
+            tx = SyncTransaction(client)
+            lease.check_in(tx)
+            tx.put(results_table, {"id": key, "v": 1, "writer": lease.owner})
+            outcomes["valid_before_stop"] = lease.is_valid()
+            out.send(("held", os.getpid(), lease.owner))
+            outcomes["instruction"] = _wait_message(ctl)
+            outcomes["commit"] = _outcome(tx.commit)
+            outcomes["raise_if_lost"] = _outcome(lease.raise_if_lost)
+            outcomes["valid_after_commit"] = lease.is_valid()
+
         try:
-            try:
-                with guard as lease:
-                    tx = SyncTransaction(client)
-                    lease.check_in(tx)
-                    tx.put(results_table, {"id": key, "v": 1, "writer": lease.owner})
-                    outcomes["valid_before_stop"] = lease.is_valid()
-                    out.send(("held", os.getpid(), lease.owner))
-                    outcomes["instruction"] = _wait_message(ctl)
-                    outcomes["commit"] = _outcome(tx.commit)
-                    outcomes["raise_if_lost"] = _outcome(lease.raise_if_lost)
-                    outcomes["valid_after_commit"] = lease.is_valid()
-            except LockLost as error:
-                outcomes["exit"] = describe(error)
-            else:
-                outcomes["exit"] = describe(None)
-            outcomes["lost_cause"] = lease.lost_cause
-            outcomes["state"] = lease.state
+            guard = SyncDistributedLock(client, table=table, key=key, lease_duration=lease_s, wait_timeout=10)
+            outcomes = hold_in_block(guard, body)
         finally:
             client.close()
         out.send(("done", os.getpid(), outcomes))
@@ -205,9 +229,7 @@ def idempotent_once(endpoint: str, table: str, key: str, hold_s: float, lease_s:
 
         client = fastlease_client(endpoint)
         try:
-            out.send(("ready", os.getpid()))
-            if _wait_message(ctl) != "go":
-                raise RuntimeError("expected 'go'")
+            ready_for(out, ctl, "go")
             with IdempotentCall(client, table=table, key=key, payload={"amount": 10}, lease_duration=lease_s,
                                 wait=CONTEND_WAIT_S) as call:
                 if call.replayed:

@@ -75,6 +75,16 @@ def receive(child: Child, expected: str, timeout_s: float = REPORT_S) -> tuple:
     return report
 
 
+def tell(child: Child, message: Any) -> None:
+    """Send ``message`` to the child; if it has gone, fail with what it reported (its error) instead of
+    a bare BrokenPipeError."""
+    try:
+        child.ctl.send(message)
+    except OSError:
+        receive(child, f"(alive to be told {message!r})", timeout_s=JOIN_S)
+        raise
+
+
 def kill_and_reap(child: Child) -> None:
     os.kill(child.proc.pid, signal.SIGKILL)
     child.proc.join(timeout=JOIN_S)
