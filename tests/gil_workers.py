@@ -48,6 +48,25 @@ def calibrate_sum(target_s: float) -> int:
     return min(int(n * target_s / fastest), 4_000_000_000)
 
 
+#: The GIL-holding call is a run of ``sum(range(N))`` C calls of about this long each.
+GIL_CHUNK_S = 0.02
+
+
+def hold_gil(n: int, seconds: float) -> None:
+    """Hold the GIL for ``seconds``: C calls (``sum(range(n))``) back to back, with the switch interval
+    raised so that no other Python thread is given the GIL between them. One long ``sum`` would be the
+    same hold, but its length follows this shared machine's speed (it swings 2x); this one ends on
+    time. The Ticker shows the hold: no other thread ran during it."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            sum(range(n))  # a GIL-holding C call
+    finally:
+        sys.setswitchinterval(previous)
+
+
 class Ticker(threading.Thread):
     """A Python thread that notes the time every 10 ms: the longest gap between its notes across a call
     is how long the call kept every Python thread of the process (the renewal thread too) from running."""
@@ -82,10 +101,10 @@ class Ticker(threading.Thread):
 def hold_through_gil_call(endpoint: str, table: str, key: str, lease_s: float, renewal: str, call_s: float,
                           out: Any, ctl: Any) -> None:
     """On "calibrate" (sent once the other processes of the test are idle: they would slow the timing
-    sums, and so shorten the call), calibrate a ``sum(range(N))`` of about ``call_s``, report
+    sums), calibrate a ``sum(range(N))`` of about GIL_CHUNK_S, report
     ``("ready", pid, N)`` and wait for "go".
-    Then acquire ``key``, report ``("starting", pid, owner, monotonic)`` and run the sum at once (one C
-    call that holds the GIL throughout). Afterwards check the lease, leave the block and report
+    Then acquire ``key``, report ``("starting", pid, owner, monotonic)`` and hold the GIL for ``call_s``
+    at once (``hold_gil``). Afterwards check the lease, leave the block and report
     ``("done", pid, result)``: the call's times, what ``raise_if_lost`` and the exit raised, renewals."""
     try:
         from fastlease import SyncDistributedLock
@@ -95,7 +114,7 @@ def hold_through_gil_call(endpoint: str, table: str, key: str, lease_s: float, r
         def body(lease: Any, result: Dict[str, Any]) -> None:
             out.send(("starting", os.getpid(), lease.owner, time.monotonic()))
             result["started"] = time.monotonic()
-            sum(range(n))  # the GIL-holding C call
+            hold_gil(n, call_s)
             result["ended"] = time.monotonic()
             result["raise_if_lost"] = _outcome(lease.raise_if_lost)
             result["renewals"] = lease.metrics.renewals
@@ -104,7 +123,7 @@ def hold_through_gil_call(endpoint: str, table: str, key: str, lease_s: float, r
 
         try:
             expect(ctl, "calibrate")
-            n = calibrate_sum(call_s)
+            n = calibrate_sum(GIL_CHUNK_S)
             ticker = Ticker()
             ticker.start()
             ticker.wait_tick_after(time.monotonic())  # ticking before the call: see Ticker.longest_gap
