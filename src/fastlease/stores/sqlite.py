@@ -127,6 +127,23 @@ def _error_kind(error: sqlite3.DatabaseError) -> Optional[str]:
     return next((kind for prefix, kind in _KINDS_BY_MESSAGE if text.startswith(prefix)), None)
 
 
+def _switch_to_wal(connection: sqlite3.Connection) -> str:
+    """Switch a file to WAL mode; returns the mode it is in afterwards.
+
+    Two processes opening the same new file at once both switch it, and SQLite refuses the second
+    switch at once ("database is locked") instead of waiting for the first. The first one's switch is
+    then under way: reading the mode waits for it (the busy timeout applies to reads), and finds WAL.
+    Any other failure, or a file that is still not in WAL mode then, is raised.
+    """
+    try:
+        return str(connection.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+    except sqlite3.OperationalError:
+        mode = str(connection.execute("PRAGMA journal_mode").fetchone()[0])
+        if mode.lower() == "wal":
+            return mode
+        raise
+
+
 class SQLiteStore:
     """The LockStore adapter for one SQLite file; one statement (or one IMMEDIATE transaction) per step."""
 
@@ -152,7 +169,9 @@ class SQLiteStore:
         try:
             connection = self._connection()
             # WAL: readers (polling waiters) never block the writer. Persistent in the file.
-            mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            mode = connection.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                mode = _switch_to_wal(connection)
             if str(mode).lower() != "wal":
                 raise ValueError(f"SQLite lock file {self.path!r} cannot use WAL mode (got {mode!r})")
             connection.execute("PRAGMA user_version").fetchone()  # a corrupt file fails here, not later
