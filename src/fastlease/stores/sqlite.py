@@ -24,6 +24,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from typing import Any, Optional
 
 from ..exceptions import StoreError, StoreRequestRejected
@@ -130,18 +131,23 @@ def _error_kind(error: sqlite3.DatabaseError) -> Optional[str]:
 def _switch_to_wal(connection: sqlite3.Connection) -> str:
     """Switch a file to WAL mode; returns the mode it is in afterwards.
 
-    Two processes opening the same new file at once both switch it, and SQLite refuses the second
-    switch at once ("database is locked") instead of waiting for the first. The first one's switch is
-    then under way: reading the mode waits for it (the busy timeout applies to reads), and finds WAL.
-    Any other failure, or a file that is still not in WAL mode then, is raised.
+    Processes opening the same new file at once each switch it, and SQLite refuses a switch at once
+    ("database is locked") while another connection holds the file, instead of waiting as it does for
+    other statements. This is the one place a store waits and tries again, once per client, before any
+    lease: a refused switch is tried again every 10 ms, within the connection's 5 s busy timeout, until
+    the file is in WAL mode (by this switch or another process's). Then the last error is raised.
     """
-    try:
-        return str(connection.execute("PRAGMA journal_mode=WAL").fetchone()[0])
-    except sqlite3.OperationalError:
-        mode = str(connection.execute("PRAGMA journal_mode").fetchone()[0])
-        if mode.lower() == "wal":
-            return mode
-        raise
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            return str(connection.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+        except sqlite3.OperationalError:
+            mode = str(connection.execute("PRAGMA journal_mode").fetchone()[0])
+            if mode.lower() == "wal":
+                return mode
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 class SQLiteStore:
