@@ -124,6 +124,8 @@ class _DelegatingLink:
     """Stands for the client's renewal link, so that a lease counts as delegated while the test hands
     ``Lease.apply_renewal`` the confirmations itself, at chosen stamps, on a fake clock."""
 
+    fast_pulse = None  # registrations go through register()
+
     def register(self, lease: Any, mono_ns: int, wall_ns: int, hold_until_ns: int) -> int:
         return 1
 

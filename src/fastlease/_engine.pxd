@@ -152,6 +152,8 @@ cdef class Lease:
     @cython.locals(deadline_ns=int64_t, retry_ns=int64_t, mono_ns=int64_t, wall_ns=int64_t, valid=bint)
     cdef int64_t _renew_step(self, int64_t now_ns) except? -1
     cdef int64_t _confirm_renewal(self, object old_version, str new_version, int64_t mono_ns, int64_t wall_ns) except? -1
+    @cython.locals(link_id=int64_t)
+    cpdef _end_delegation(self)
     @cython.locals(budget_ns=int64_t, deleted=bint)
     cpdef release(self)
     cdef int64_t _pause_before_retry(self, int64_t backoff_ns, int64_t deadline_ns) except? -1

@@ -992,7 +992,12 @@ class Lease:
         if self._row_seen:  # only an acquisition that observed the key can have left a sighting
             self._observations.forget(self._cache_key)
         if self._link is not None and self.lease_ms >= DELEGATE_MIN_LEASE_MS:
-            self._link_id = self._link.register(self, mono_ns, wall_ns, self._hold_until_ns)
+            pulse = self._link.fast_pulse  # the link's checks are done: the registration is one C call
+            if pulse is not None:
+                self._link_id = pulse.register(self, self.table, self.key, owner, version, self.lease_ms, fence,
+                                               mono_ns, wall_ns, self._hold_until_ns)
+            else:
+                self._link_id = self._link.register(self, mono_ns, wall_ns, self._hold_until_ns)
         self._scheduler.schedule(self, mono_ns + renew_interval_ns(self.lease_ms))
         return True
 
@@ -1104,7 +1109,9 @@ class Lease:
         with self._mutex:
             link_id, self._link_id = self._link_id, 0
         if link_id:
-            self._link.stop(self, link_id)
+            pulse = self._link.fast_pulse
+            if pulse is None or not pulse.take_back(link_id):  # (a registration never written: no request)
+                self._link.stop(self, link_id)
 
     def delegation_ended(self) -> None:
         """The renewal process is gone (it died or could not start): renewals are this process's again."""

@@ -125,6 +125,10 @@ class RenewalLink:
         self._sent_credentials: Any = None
         self._sock: Optional[socket.socket] = None
         self._pulse: Any = None
+        #: The pulse, once nothing else needs checking at a registration (running, the starter
+        #: collected, no per-lease check such as DynamoDB's): the engine then registers through it
+        #: directly, one C call per lease. None otherwise.
+        self.fast_pulse: Any = None
         self._renewer_pid = 0  # the renewal process's id, from its READY report
         self._reaped = False  # the process the pulse started, which forks the renewal process and exits
         self._pid = os.getpid()
@@ -178,6 +182,7 @@ class RenewalLink:
         renewed lapse at their validity, like every lease of a closed client."""
         with self._lock:
             self._state = "gone" if self._state == "running" else self._state
+            self.fast_pulse = None
             leases = list(self._leases.values())
             self._leases.clear()
         for lease in leases:
@@ -207,6 +212,8 @@ class RenewalLink:
                     done = child
                 if done:
                     self._reaped = True
+                    if self._state == "running" and self._delegable is None:
+                        self.fast_pulse = self._pulse
                     return
             if time.monotonic() >= deadline:
                 return
@@ -334,6 +341,7 @@ class RenewalLink:
         if self._state == "running":
             _log.warning("%s: renewals continue in this process", why)
         self._state = "gone"
+        self.fast_pulse = None
         leases = list(self._leases.values())
         self._leases.clear()
         for lease in leases:
@@ -359,6 +367,7 @@ class RenewalLink:
             sock.close()
         if self._pulse is not None:
             self._pulse.forget_in_child()
+        self.fast_pulse = None
         self._state = "gone"
         self._leases = {}  # (the pulse's own dict is never touched in a child)
 
