@@ -120,6 +120,7 @@ cdef extern from *:
     #include <stdint.h>
     #include <stdlib.h>
     #include <string.h>
+    #include "pythread.h"
     #ifndef _WIN32
     #include <errno.h>
     #include <fcntl.h>
@@ -242,11 +243,13 @@ cdef extern from *:
         p->argv = NULL;
     }
 
-    static void *fl_pulse_main(void *arg) {
+    /* Started by PyThread_start_new_thread (CPython's own thread start, not pthread_create: wheels
+       then need no glibc symbol newer than manylinux_2_28); it never takes the GIL. */
+    static void fl_pulse_main(void *arg) {
         fl_pulse *p = (fl_pulse *)arg;
         sigset_t all;
         sigfillset(&all);
-        pthread_sigmask(SIG_BLOCK, &all, NULL);   /* signals are the interpreter's main thread's */
+        sigprocmask(SIG_BLOCK, &all, NULL);   /* this thread's mask on Linux: signals are the main thread's */
         pthread_mutex_lock(&p->mutex);
         if (p->argv && !p->stop) fl_spawn_locked(p);
         pthread_mutex_unlock(&p->mutex);
@@ -270,16 +273,12 @@ cdef extern from *:
             nanosleep(&pause, NULL);
         }
         fl_unref_locked_and_unlock(p);
-        return NULL;
     }
     #endif
 
     /* NULL on failure (errno set). The fd is duplicated: the pulse owns its copy. */
     static fl_pulse *fl_pulse_start(int fd, int interval_ms, char **argv, int give_a, int give_b) {
     #if FL_HAVE_PULSE
-        pthread_attr_t attr;
-        pthread_t thread;
-        int rc;
         fl_pulse *p = (fl_pulse *)calloc(1, sizeof(fl_pulse));
         if (!p) return NULL;
         p->argv = argv;
@@ -291,16 +290,11 @@ cdef extern from *:
         p->interval_ms = interval_ms;
         p->refs = 2;
         pthread_mutex_init(&p->mutex, NULL);
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pthread_attr_setstacksize(&attr, 64 * 1024);
-        rc = pthread_create(&thread, &attr, fl_pulse_main, p);
-        pthread_attr_destroy(&attr);
-        if (rc != 0) {
+        if (PyThread_start_new_thread(fl_pulse_main, p) == PYTHREAD_INVALID_THREAD_ID) {
             pthread_mutex_destroy(&p->mutex);
             close(p->fd);
             free(p);
-            errno = rc;
+            errno = EAGAIN;
             return NULL;
         }
         return p;
