@@ -1017,9 +1017,7 @@ class Lease:
 
     def _renew_step(self, now_ns: int) -> int:
         if self._link_id:
-            self._link.sync()
-            if self._link_id:  # (the renewal process may have ended: then renewals are ours again)
-                return self._watch_delegated(now_ns)
+            self._link.sync()  # the renewal process's confirmations count first
         with self._mutex:
             if self.state != HELD:
                 return 0
@@ -1031,8 +1029,14 @@ class Lease:
             return 0
         if self._hold_until_ns and now_ns >= self._hold_until_ns:
             # max_hold reached: no more renewals; come back when validity ends to mark the loss.
+            self._end_delegation()
             self._renewal_stopped = True
             return deadline_ns
+        if self._link_id:
+            # The renewal process renews it (if it ended, sync() gave renewals back to this step): here
+            # only the watch above, every lease/3 and at the end of validity.
+            self._link.refresh()
+            return min(now_ns + renew_interval_ns(self.lease_ms), deadline_ns)
         retry_ns = renew_retry_ns(self.lease_ms)
         if self._renew_pending is not None:
             # The previous renewal's outcome is unknown: read before writing again, because a retry
@@ -1084,25 +1088,6 @@ class Lease:
         return mono_ns + renew_interval_ns(self.lease_ms)
 
     # ---- renewal by the client's renewal process ----------------------------------------------
-    def _watch_delegated(self, now_ns: int) -> int:
-        """The in-process step of a lease the renewal process renews: no request. Its confirmations
-        were applied (``sync``) just before; here a lapse becomes a loss and ``max_hold`` stops the
-        renewals. Comes back every lease/3, and at the end of validity."""
-        with self._mutex:
-            if self.state != HELD:
-                return 0
-            deadline_ns = self._valid_until_mono_ns
-            valid = self._valid_at(self._mono(), self._wall())
-        if not valid:
-            self._mark_lost(self._lapse_cause())
-            return 0
-        if self._hold_until_ns and now_ns >= self._hold_until_ns:
-            self._end_delegation()
-            self._renewal_stopped = True
-            return deadline_ns
-        self._link.refresh()
-        return min(now_ns + renew_interval_ns(self.lease_ms), deadline_ns)
-
     def _end_delegation(self) -> None:
         """Stop the renewal process renewing this lease, and wait until it has (its last confirmed
         renewal applied): before a release is sent, after a loss, at ``max_hold``. No-op otherwise."""
