@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from fastlease import DistributedLock, LockNotAcquired, SyncDistributedLock, distributed_lock
+from fastlease import DistributedLock, LockLost, LockNotAcquired, SyncDistributedLock, distributed_lock
 
 
 def run(coro):
@@ -46,6 +46,80 @@ def test_async_guard_holds_and_releases(make_client, store):
 
     lease = run(main())
     assert lease.state == "released" and lease.metrics.write_requests == 2
+    assert store.rows("locks") == {}
+
+
+def public_members(cls):
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+def test_both_guards_have_the_same_members():
+    # Before, metrics, raise_if_lost and check_in existed only on what __aenter__ returned.
+    assert public_members(DistributedLock) == public_members(SyncDistributedLock)
+    for name in ("acquire", "release", "release_by_write"):
+        assert inspect.iscoroutinefunction(getattr(DistributedLock, name)), name
+
+
+def test_the_async_guard_object_itself_has_the_guard_api(make_client, store):
+    client = make_client()
+
+    async def main():
+        guard = DistributedLock(client, table="locks", key="k")
+        assert guard.metrics.write_requests == 0 and guard.state == "new"  # never entered: metrics too
+        with pytest.raises(LockLost) as info:
+            guard.raise_if_lost()
+        assert info.value.cause == "not_held"
+        async with guard as lease:
+            assert lease is guard
+            guard.raise_if_lost()
+            assert guard.is_valid() and guard.owner == store.rows("locks")["k"].owner
+            with pytest.raises(TypeError, match="MemoryClient has no transactions"):
+                guard.check_in(object())
+        return guard
+
+    guard = run(main())
+    assert guard.state == "released" and guard.metrics.write_requests == 2
+    assert "DistributedLock" in repr(guard)
+
+
+def test_await_acquire_and_release_without_async_with(make_client, store):
+    client = make_client()
+
+    async def main():
+        guard = DistributedLock(client, table="locks", key="k")
+        lease = await guard.acquire()
+        try:
+            assert lease is guard and client.holder("locks", "k")["owner"] == guard.owner
+        finally:
+            await guard.release()
+        assert store.rows("locks") == {}
+        taken = await DistributedLock(client, table="locks", key="k").acquire()
+        store.remove("locks", "k")  # an operator's forced release
+        with pytest.raises(LockLost) as info:
+            await taken.release()
+        assert info.value.cause == "stolen"
+        with pytest.raises(RuntimeError, match="single-use"):
+            await guard.acquire()
+
+    run(main())
+
+
+def test_a_cancelled_acquisition_s_guard_still_has_metrics(make_client, store, real_faults):
+    holder, waiter = make_client(), make_client()
+
+    async def main():
+        with SyncDistributedLock(holder, table="locks", key="k"):
+            guard = DistributedLock(waiter, table="locks", key="k", wait_timeout=60)
+            task = asyncio.ensure_future(guard.acquire())
+            await until(lambda: real_faults.calls["read"] >= 1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await until(lambda: guard.state == "failed")
+        return guard
+
+    guard = run(main())
+    assert guard.metrics.write_requests >= 1 and guard.metrics.wait_timeouts == 0
     assert store.rows("locks") == {}
 
 

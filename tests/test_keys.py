@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastlease import distributed_lock
+from fastlease import SyncDistributedLock, distributed_lock
 
 
 @pytest.mark.parametrize(
@@ -164,10 +164,54 @@ def test_missing_and_duplicate_arguments_raise_type_error_without_requests(make_
     @distributed_lock(client, table="locks", key="{a}")
     def job(a: str) -> None: ...
 
-    with pytest.raises(TypeError, match="missing required argument 'a'"):
+    with pytest.raises(TypeError, match="job\\(\\) missing 1 required positional argument: 'a'"):
         job()
-    with pytest.raises(TypeError, match="multiple values for argument 'a'"):
+    with pytest.raises(TypeError, match="job\\(\\) got multiple values for argument 'a'"):
         job("x", a="y")
     with pytest.raises(TypeError, match="'a' must be a str"):
         job(5)
     assert store.rows("locks") == {}
+
+
+def test_positional_only_arguments_bind_as_python_binds_them(make_client, store):
+    # Before, work(customer="b") ran with customer == "a" but locked job:b, and the method call
+    # below raised "got multiple values" although Python accepts it.
+    client = make_client()
+    locked = []
+
+    @distributed_lock(client, table="jobs", key="job:{customer}")
+    def work(customer="a", /, **kw):
+        locked.append(list(store.rows("jobs")))
+        return customer, kw
+
+    assert work(customer="b") == ("a", {"customer": "b"})
+    assert work("c", customer="d") == ("c", {"customer": "d"})
+
+    class Worker:
+        @distributed_lock(client, table="jobs", key="job:{customer}:{job}")
+        def work(self, customer, /, *args, job="sync", **kwargs):
+            locked.append(list(store.rows("jobs")))
+            return customer, args, job, kwargs
+
+    assert Worker().work("abc", 7, customer="x") == ("abc", (7,), "sync", {"customer": "x"})
+    assert locked == [["job:a"], ["job:c"], ["job:3:abc:4:sync"]]
+    assert store.rows("jobs") == {}
+
+
+@pytest.mark.parametrize("call", [lambda work: work("a", "b"), lambda work: work("a", unknown=True),
+                                  lambda work: work()])
+def test_a_call_python_rejects_fails_before_any_request_even_when_contended(make_client, store, faults, call):
+    # Before, work("a", "b") acquired and released (2 writes) before the TypeError, and on a
+    # contended key waited out the whole wait_timeout and raised LockNotAcquired instead.
+    holder, client = make_client(), make_client()
+
+    @distributed_lock(client, table="locks", key="{customer}", wait_timeout=30)
+    def work(customer):
+        raise AssertionError("never runs")
+
+    with SyncDistributedLock(holder, table="locks", key="a"):
+        before = dict(faults.calls)
+        with pytest.raises(TypeError, match=r"\.work\(\) "):
+            call(work)
+        assert faults.calls == before  # no request at all: not even a read
+

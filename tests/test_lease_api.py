@@ -114,14 +114,61 @@ def test_guards_are_single_use_and_not_reentrant(make_client):
             pass
 
 
-def test_raise_if_lost_outside_a_hold_is_a_runtime_error(make_client):
-    guard = SyncDistributedLock(make_client(), table="locks", key="k")
-    with pytest.raises(RuntimeError, match="is new, not held"):
+def test_raise_if_lost_outside_a_hold_raises_lock_lost_not_held(make_client):
+    # As the reference does: code that catches LockLost around its check before a side effect must
+    # not get a RuntimeError from a guard that was never acquired, failed, or is already released.
+    holder = make_client()
+    guard = SyncDistributedLock(holder, table="locks", key="k")
+    with pytest.raises(LockLost, match="is not held \\(it is new\\)") as info:
         guard.raise_if_lost()
+    assert info.value.cause == "not_held" and info.value.key == "k"
     with guard:
-        pass
-    with pytest.raises(RuntimeError, match="is released, not held"):
+        failed = SyncDistributedLock(make_client(), table="locks", key="k", wait_timeout=0)
+        with pytest.raises(LockNotAcquired):
+            failed.__enter__()
+        with pytest.raises(LockLost, match="it is failed") as info:
+            failed.raise_if_lost()
+        assert info.value.cause == "not_held"
+    with pytest.raises(LockLost, match="it is released") as info:
         guard.raise_if_lost()
+    assert info.value.cause == "not_held"
+    assert guard.lost_cause is None  # nothing was lost: the cause is only the exception's
+
+
+def test_acquire_and_release_without_with_have_the_block_s_outcomes(make_client, store):
+    client = make_client()
+    guard = SyncDistributedLock(client, table="locks", key="k")
+    lease = guard.acquire()
+    try:
+        assert lease is guard and lease.state == "held" and lease.is_valid()
+        assert client.holder("locks", "k")["owner"] == lease.owner
+    finally:
+        guard.release()
+    assert guard.state == "released" and store.rows("locks") == {}
+    assert client.holder("locks", "k") is None
+    with pytest.raises(RuntimeError, match="single-use"):
+        guard.acquire()
+    with pytest.raises(RuntimeError, match="cannot be released in state released"):
+        guard.release()
+    taken = SyncDistributedLock(client, table="locks", key="k").acquire()
+    store.remove("locks", "k")  # an operator's forced release
+    with pytest.raises(LockLost) as info:
+        taken.release()
+    assert info.value.cause == "stolen"
+
+
+def test_holder_reads_the_row_and_validates_the_key(make_client, store):
+    client = make_client()
+    other = make_client()
+    with SyncDistributedLock(client, table="locks", key="job:1") as lease:
+        row = other.holder("locks", "job:1")
+        assert row is not None
+        assert (row["key"], row["owner"], row["fence"]) == ("job:1", lease.owner, lease.fencing_token)
+        assert other.holder("locks", "job:2") is None
+    with pytest.raises(ValueError, match="1-2048 UTF-8 bytes"):
+        client.holder("locks", "")
+    with pytest.raises(TypeError, match="lock key must be a str"):
+        client.holder("locks", None)
 
 
 def test_wait_timeout_zero_makes_one_attempt_and_never_sleeps(make_client, clock, faults):
@@ -209,6 +256,34 @@ def test_row_taken_from_under_the_holder_raises_lock_lost_on_exit(make_client, s
     assert lease.metrics.lost is True
 
 
+@pytest.mark.parametrize("cause", ["expired", "unreachable", "cancelled"])
+def test_leaving_after_a_lapse_raises_lock_lost_and_still_deletes_the_row(make_client, clock, faults, store, cause):
+    # Nobody took the row, but nobody can tell that from inside the block: as the reference does,
+    # leaving raises LockLost. The release itself is unchanged: the row, still ours, is deleted.
+    client = make_client(clock=clock)
+    max_hold = 3 if cause == "cancelled" else None
+    if cause == "unreachable":
+        faults.add("update_version_if", "unavailable", times=-1)
+    with pytest.raises(LockLost, match=f"lapsed before the block ended \\({cause}\\)") as info:
+        with SyncDistributedLock(client, table="locks", key="k", lease_duration=3, max_hold=max_hold):
+            if cause == "expired":
+                clock.jump_wall(-1)  # validity ends at once; no renewal step has noticed yet
+            else:
+                clock.advance(6.5)  # past the last validity (renewals failing, or stopped by max_hold)
+    assert info.value.cause == cause
+    assert store.rows("locks") == {}
+
+
+def test_a_body_exception_after_a_lapse_wins_and_the_lapse_rides_along(make_client, clock, store):
+    client = make_client(clock=clock)
+    with pytest.raises(KeyError) as info:
+        with SyncDistributedLock(client, table="locks", key="k", lease_duration=3):
+            clock.jump_wall(-1)
+            raise KeyError("body")
+    assert any("LockLost" in note and "lapsed" in note for note in getattr(info.value, "__notes__", []))
+    assert store.rows("locks") == {}
+
+
 def test_check_in_on_a_store_without_transactions_is_a_type_error(make_client):
     with SyncDistributedLock(make_client(), table="locks", key="k") as lease:
         with pytest.raises(TypeError, match="MemoryClient has no transactions"):
@@ -252,6 +327,40 @@ def test_a_forked_child_cannot_release_its_parents_lease(make_client, in_forked_
     assert row["owner"] == owner and row["fence"] == 1  # the parent still holds its row
     guard.__exit__(None, None, None)
     assert client.inspect("locks", "k") == []
+
+
+def test_every_use_of_an_inherited_guard_s_ownership_raises_in_the_child(make_client, in_forked_child):
+    # The contract: an inherited guard raises RuntimeError. Before, in a child forked during a hold,
+    # raise_if_lost() returned, is_valid() was True and metrics worked.
+    client = make_client()
+    guard = SyncDistributedLock(client, table="locks", key="k")
+    uses = {
+        "raise_if_lost": guard.raise_if_lost,
+        "is_valid": guard.is_valid,
+        "metrics": lambda: guard.metrics,
+        "owner": lambda: guard.owner,
+        "fencing_token": lambda: guard.fencing_token,
+        "check_in": lambda: guard.check_in(object()),
+        "condition_check_item": guard.condition_check_item,
+        "release": guard.release,
+    }
+
+    def use_inherited() -> str:
+        outcomes = []
+        for name, use in uses.items():
+            try:
+                use()
+                outcomes.append(f"{name}: no error")
+            except RuntimeError as error:
+                outcomes.append(f"{name}: ok" if "forked child" in str(error) else f"{name}: {error}")
+            except Exception as error:  # noqa: BLE001 - reported to the parent
+                outcomes.append(f"{name}: {error!r}")
+        return "|".join(outcomes)
+
+    with guard:
+        assert in_forked_child(use_inherited) == "|".join(f"{name}: ok" for name in uses)
+        guard.raise_if_lost()  # the parent's lease is untouched
+        assert guard.is_valid() and guard.metrics.lost is False
 
 
 def test_a_closed_client_refuses_new_acquisitions_before_any_request(make_client, faults):

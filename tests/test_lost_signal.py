@@ -68,7 +68,7 @@ def test_max_hold_stops_renewing_and_the_lease_lapses_as_cancelled(make_client, 
     client = make_client(clock=clock)
     calls = []
     guard = SyncDistributedLock(client, table="locks", key="k", lease_duration=3, max_hold=5, on_lost=calls.append)
-    with guard as lease:
+    with pytest.raises(LockLost, match=r"lapsed before the block ended \(cancelled\)"), guard as lease:
         clock.advance(4.5)  # renewals at 1, 2, 3 and 4 s
         assert lease.metrics.renewals == 4
         clock.advance(2.1)  # 6.6 s: the renewal due at 5 s was skipped; validity from 4 s ends at 6.7 s
@@ -78,7 +78,7 @@ def test_max_hold_stops_renewing_and_the_lease_lapses_as_cancelled(make_client, 
             lease.raise_if_lost()
         assert info.value.cause == "cancelled"
     assert [c.cause for c in calls] == ["cancelled"]
-    assert store.rows("locks") == {}  # the row was still ours: released normally
+    assert store.rows("locks") == {}  # the row was still ours: deleted all the same
 
 
 @pytest.mark.parametrize("value", [0.05, -1, float("nan"), float("inf"), 86_401])
@@ -104,5 +104,7 @@ def test_decorator_passes_max_hold_and_on_lost(make_client, clock, faults):
         clock.advance(2.8)
         return "done"
 
-    assert job() == "done"  # the row was still ours at release: the work was exclusive
+    with pytest.raises(LockLost) as info:  # the row was still ours, but validity lapsed during the call
+        job()
+    assert info.value.cause == "unreachable"
     assert [c.cause for c in calls] == ["unreachable"]

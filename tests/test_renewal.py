@@ -109,6 +109,41 @@ def test_renewal_blocked_by_a_hung_request_is_detected_as_loss(make_client, real
         client.close()
 
 
+def test_a_renewal_confirmed_after_validity_ended_neither_counts_nor_extends(make_client, real_faults, store):
+    # docs/protocol.md, "Validity": such a confirmation does not count. Before, it extended validity
+    # from its stamp (the lease carried on) and metrics.renewals became 1.
+    real_faults.add("update_version_if", "block")
+    client = make_client()
+    with pytest.raises(LockLost, match=r"lapsed before the block ended \(expired\)"):
+        with SyncDistributedLock(client, table="locks", key="k", lease_duration=0.3) as lease:
+            assert real_faults.blocked.wait(5), "the first renewal never started"
+            for _ in range(500):  # bounded: validity ends 0.27 s after the acquisition
+                if not lease.is_valid():
+                    break
+                time.sleep(0.01)  # polling a local check, bounded by the loop
+            assert not lease.is_valid()
+            real_faults.unblock()  # the renewal write lands now, after validity ended
+            assert lease.lost.wait(5), "the late confirmation was taken as a renewal"
+            assert lease.lost_cause == "expired"
+    assert lease.metrics.renewals == 0 and lease.metrics.write_requests == 3
+    assert store.rows("locks") == {}
+
+
+def test_a_renewal_report_stamped_outside_validity_is_not_counted(make_client, clock):
+    # The renewal process's reports go through Lease.apply_renewal: one whose write was sent outside
+    # the validity it would extend neither extends it nor counts.
+    client = make_client(clock=clock)
+    with SyncDistributedLock(client, table="locks", key="k", lease_duration=3) as lease:
+        engine_lease = lease._lease
+        version = lease._lease.version
+        stale_mono, stale_wall = clock.monotonic_ns() - 10**10, clock.time_ns() - 10**10
+        engine_lease.apply_renewal("late-version", stale_mono, stale_wall, (1, 0, 0, 0, 1))
+        assert lease.metrics.renewals == 0 and lease.metrics.write_requests == 2
+        assert engine_lease.version == version
+        engine_lease.apply_renewal("in-time", clock.monotonic_ns(), clock.time_ns(), (2, 0, 0, 0, 2))
+        assert lease.metrics.renewals == 2  # a report within validity counts what it reports
+
+
 def test_renewal_conditional_failure_means_stolen(make_client, clock, store):
     client = make_client(clock=clock)
     with pytest.raises(LockLost) as info:
@@ -123,23 +158,25 @@ def test_renewal_conditional_failure_means_stolen(make_client, clock, store):
 @pytest.mark.parametrize("jump", [-0.001, -30.0, 27.0])
 def test_wall_clock_jumps_invalidate_and_never_extend(make_client, clock, jump):
     client = make_client(clock=clock)
-    with SyncDistributedLock(client, table="locks", key="k", lease_duration=30) as lease:
-        clock.jump_wall(jump)
-        assert not lease.is_valid()
-        with pytest.raises(LockLost) as info:
-            lease.raise_if_lost()
-    assert info.value.cause == "expired"
+    with pytest.raises(LockLost) as at_exit:
+        with SyncDistributedLock(client, table="locks", key="k", lease_duration=30) as lease:
+            clock.jump_wall(jump)
+            assert not lease.is_valid()
+            with pytest.raises(LockLost) as info:
+                lease.raise_if_lost()
+    assert info.value.cause == at_exit.value.cause == "expired"
 
 
 def test_a_small_forward_wall_jump_keeps_validity_until_the_earlier_clock(make_client, clock):
     client = make_client(clock=clock)
-    with SyncDistributedLock(client, table="locks", key="k", lease_duration=30) as lease:
-        clock.jump_wall(20)
-        assert lease.is_valid()
-        clock.advance(6.9)  # monotonic 6.9 s, wall 26.9 s: still inside 27 s on both
-        assert lease.is_valid()
-        clock.advance(0.2)  # wall passes 27 s first; the first renewal is only due at 10 s
-        assert not lease.is_valid()
+    with pytest.raises(LockLost, match="lapsed"):
+        with SyncDistributedLock(client, table="locks", key="k", lease_duration=30) as lease:
+            clock.jump_wall(20)
+            assert lease.is_valid()
+            clock.advance(6.9)  # monotonic 6.9 s, wall 26.9 s: still inside 27 s on both
+            assert lease.is_valid()
+            clock.advance(0.2)  # wall passes 27 s first; the first renewal is only due at 10 s
+            assert not lease.is_valid()
 
 
 @pytest.mark.slow  # a 30 s hold

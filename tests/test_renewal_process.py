@@ -266,7 +266,8 @@ def test_a_forked_child_cannot_release_and_the_parent_keeps_renewing(tmp_path, r
 
 @pytest.mark.posix
 def test_a_renewal_process_that_stops_answering_is_killed_and_collected(tmp_path, renewal_processes):
-    with _delegated_lease(tmp_path / "locks.db", "frozen", renewal_processes) as (client, lease, pid):
+    with pytest.raises(LockLost, match="lapsed"), \
+            _delegated_lease(tmp_path / "locks.db", "frozen", renewal_processes) as (client, lease, pid):
         os.kill(pid, signal.SIGSTOP)  # renews nothing and answers nothing from now on
         # Lapses 0.9 s after its last renewal; the loss asks the renewal process to stop, and after
         # min(lease/3, 5 s) * 2 + STOP_GRACE_S without an answer it is killed, before the loss is told.

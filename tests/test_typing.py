@@ -22,7 +22,8 @@ from typing import Any, Coroutine
 
 from typing_extensions import assert_type
 
-from fastlease import DistributedLock, DynamoDBClient, MemoryClient, RedisClient, SyncDistributedLock, distributed_lock
+from fastlease import (DistributedLock, DynamoDBClient, LeaseMetrics, MemoryClient, RedisClient, SyncDistributedLock,
+                       distributed_lock)
 from fastlease.idempotency import AsyncIdempotentCall, IdempotentCall, idempotent
 
 client = MemoryClient()
@@ -80,7 +81,9 @@ async def use_async() -> None:
     await sync_async(customer_id=2)  # E: arg-type
     await pay_async("p1")  # E: call-arg
     async with DistributedLock(client, table="locks", key="k") as guard:
-        assert_type(guard, SyncDistributedLock)
+        assert_type(guard, DistributedLock)
+        assert_type(guard.metrics, LeaseMetrics)
+    assert_type(await DistributedLock(client, table="locks", key="k").acquire(), DistributedLock)
     async with AsyncIdempotentCall(client, table="payments", key="k") as async_call:
         assert_type(async_call, AsyncIdempotentCall)
 

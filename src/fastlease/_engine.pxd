@@ -37,10 +37,8 @@ cdef class KeyTemplate:
 @cython.final
 cdef class CallKey:
     cdef readonly KeyTemplate template
-    cdef tuple _positions
-    cdef tuple _defaults
+    cdef object _binder
 
-    @cython.locals(position=Py_ssize_t)
     cpdef str resolve(self, tuple args, dict kwargs)
 
 
@@ -123,6 +121,7 @@ cdef class Lease:
 
     cdef _bind(self, Engine engine)
     cpdef add_capacity(self, double rcu, double wcu)
+    cpdef check_process(self)
     cdef double _timeout_s(self, int64_t deadline_ns, int64_t now_ns) except? -1.0
     cdef bint _valid_at(self, int64_t mono_ns, int64_t wall_ns) noexcept
     @cython.locals(span=int64_t)
@@ -151,10 +150,11 @@ cdef class Lease:
     cdef bint _confirm(self, str owner, str version, int64_t mono_ns, int64_t wall_ns, object fence) except -1
     @cython.locals(deadline_ns=int64_t, retry_ns=int64_t, mono_ns=int64_t, wall_ns=int64_t, valid=bint)
     cdef int64_t _renew_step(self, int64_t now_ns) except? -1
+    @cython.locals(lapsed=bint)
     cdef int64_t _confirm_renewal(self, object old_version, str new_version, int64_t mono_ns, int64_t wall_ns) except? -1
     @cython.locals(link_id=int64_t)
     cpdef _end_delegation(self)
-    @cython.locals(budget_ns=int64_t, deleted=bint)
+    @cython.locals(budget_ns=int64_t, deleted=bint, lapsed=bint)
     cpdef release(self)
     cdef int64_t _pause_before_retry(self, int64_t backoff_ns, int64_t deadline_ns) except? -1
     @cython.locals(deadline_ns=int64_t, backoff_ns=int64_t, now_ns=int64_t, ambiguous=bint)

@@ -109,6 +109,12 @@ def cleanup_budget_ns(lease_ms: int) -> int:
     return min(lease_ms * 600_000, 10_000_000_000)
 
 
+def seconds_text(duration_ns: int) -> str:
+    """A duration for messages, in seconds ("0.5s", "35s"). Declared nowhere in _engine.pxd, so its
+    argument stays a Python int when compiled: the division is never a C integer division."""
+    return f"{duration_ns / 1e9:g}s"
+
+
 def next_backoff_ns(backoff_ns: int) -> int:
     """After another transient store error the back-off doubles, up to five poll intervals."""
     return min(backoff_ns * 2, POLL_INTERVAL_MS * 5 * _NS_PER_MS)
@@ -219,9 +225,6 @@ def check_row(row: Any, key: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Key templates
 # ---------------------------------------------------------------------------------------------
-MISSING = object()
-
-
 class KeyTemplate:
     """A lock key template, parsed once: literal text, ``{name}`` placeholders, ``{{``/``}}`` braces.
 
@@ -301,30 +304,20 @@ class KeyTemplate:
 class CallKey:
     """A template bound to a function signature: resolves the key from one call's arguments.
 
-    ``positions[i]`` is the positional index of placeholder i (-1 for keyword-only), ``defaults[i]``
-    its default or MISSING. Both come from ``inspect.signature`` once, at decoration.
+    ``binder`` takes the call's arguments as the function does and returns the placeholders'
+    values in order (the decorator builds it from the signature, once), so the key is resolved from
+    Python's own binding of the call, and a call the function would reject fails here, before any
+    request.
     """
 
-    def __init__(self, template: KeyTemplate, positions: tuple[int, ...], defaults: tuple[Any, ...]) -> None:
-        if len(positions) != len(template.names) or len(defaults) != len(template.names):
-            raise ValueError("positions and defaults must match the template's placeholders")
+    def __init__(self, template: KeyTemplate, binder: Callable[..., tuple[Any, ...]]) -> None:
+        if not callable(binder):
+            raise TypeError(f"binder must be callable, got {type(binder).__name__}")
         self.template = template
-        self._positions = positions
-        self._defaults = defaults
+        self._binder = binder
 
     def resolve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        values: list[Any] = []
-        for name, position, default in zip(self.template.names, self._positions, self._defaults):
-            if 0 <= position < len(args):
-                if name in kwargs:
-                    raise TypeError(f"got multiple values for argument {name!r}")
-                values.append(args[position])
-            else:
-                value = kwargs.get(name, default)
-                if value is MISSING:
-                    raise TypeError(f"missing required argument {name!r} used by the lock key")
-                values.append(value)
-        return self.template.resolve(tuple(values))
+        return self.template.resolve(self._binder(*args, **kwargs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -679,15 +672,24 @@ class Lease:
     def state_name(self) -> str:
         return STATE_NAMES[self.state]
 
+    def check_process(self) -> None:
+        """RuntimeError in a forked child: the lease, and any use of its ownership, is the parent's."""
+        check_not_forked(self._pid)
+
     def is_valid(self) -> bool:
-        """True while the lease is held and within its validity on both clocks."""
+        """True while the lease is held and within its validity on both clocks. RuntimeError in a
+        forked child: the lease is its parent's."""
+        check_not_forked(self._pid)
         if self._link_id:
             self._link.sync()  # renewals the renewal process confirmed meanwhile count first
         with self._mutex:
             return self.state == HELD and self._valid_at(self._mono(), self._wall())
 
     def raise_if_lost(self) -> None:
-        """Raise LockLost unless ownership is still valid now (a local check, no request)."""
+        """Raise LockLost unless ownership is still valid now (a local check, no request): with the
+        cause of the loss, or ``not_held`` before the acquisition and after a release. RuntimeError
+        in a forked child: the lease is its parent's, whatever its state."""
+        check_not_forked(self._pid)
         if self._link_id:
             self._link.sync()  # renewals the renewal process confirmed meanwhile count first
         with self._mutex:
@@ -698,13 +700,16 @@ class Lease:
         if state == HELD:
             self._mark_lost(self._lapse_cause())
         elif self.lost_cause is None:
-            raise RuntimeError(f"lease on {self.key!r} is {STATE_NAMES[state]}, not held")
+            raise LockLost(f"lease on {self.key!r} in table {self.table!r} is not held (it is {STATE_NAMES[state]})",
+                           key=self.key, cause="not_held")
         cause = self.lost_cause
         raise LockLost(f"lease on {self.key!r} was lost: {cause}", key=self.key, cause=cause or "expired")
 
     def counters(self) -> tuple[int, int, int, int, int, int, int, int, bool, float, float]:
         """(write_requests, read_requests, renewals, wait_ns, conditional_failures, request_failures,
-        wait_timeouts, cleanup_failures, lost, consumed_rcu, consumed_wcu)."""
+        wait_timeouts, cleanup_failures, lost, consumed_rcu, consumed_wcu). RuntimeError in a forked
+        child, as for every use of the lease there."""
+        check_not_forked(self._pid)
         if self._link_id:
             self._link.sync()  # the renewal process's reports so far count
         with self._mutex:
@@ -789,8 +794,9 @@ class Lease:
         if self._cancelled:
             raise LockNotAcquired(f"acquisition of {self.key!r} in table {self.table!r} was cancelled", key=self.key)
         self._wait_timeouts += 1
+        budget = seconds_text(self.wait_ms * _NS_PER_MS)
         raise LockNotAcquired(
-            f"lease on {self.key!r} in table {self.table!r} not acquired within {self.wait_ms / 1000:g}s",
+            f"lease on {self.key!r} in table {self.table!r} not acquired within {budget}",
             key=self.key,
         ) from last_error
 
@@ -1079,8 +1085,15 @@ class Lease:
         with self._mutex:
             if self.state != HELD or self.version != old_version:
                 return 0  # released or lost meanwhile: a late success never revives it
-            self.version = new_version
-            self._set_validity(mono_ns, wall_ns)
+            # A confirmation that arrives after validity ended does not count (docs/protocol.md,
+            # "Validity"): the block may have run unowned meanwhile, so the lease is lost, not renewed.
+            lapsed = not self._valid_at(self._mono(), self._wall())
+            if not lapsed:
+                self.version = new_version
+                self._set_validity(mono_ns, wall_ns)
+        if lapsed:
+            self._mark_lost(self._lapse_cause())
+            return 0
         self._renewals += 1
         self._renew_errors = 0
         if self._listener is not None:
@@ -1110,18 +1123,23 @@ class Lease:
         late confirmation never revives a lapsed or lost lease.
         """
         with self._mutex:
-            if self.state == HELD and self._link_id and self._valid_at(mono_ns, wall_ns):
-                self.version = version
-                self._set_validity(mono_ns, wall_ns)
+            # A renewal counts only if its write was sent within the validity it extends: the
+            # renewal process itself never reports one confirmed after validity ended.
+            if self._valid_at(mono_ns, wall_ns):
+                self._renewals = counters[4]
+                if self.state == HELD and self._link_id:
+                    self.version = version
+                    self._set_validity(mono_ns, wall_ns)
             (self._renew_writes, self._renew_reads, self._renew_conditional_failures,
-             self._renew_request_failures, self._renewals) = counters
+             self._renew_request_failures) = counters[:4]
 
     def apply_loss(self, cause: str, counters: tuple[int, int, int, int, int]) -> None:
-        """The renewal process lost the lease (the store refused a renewal, or it lapsed there)."""
+        """The renewal process lost the lease (the store refused a renewal, or it lapsed there). Its
+        request counters count; its renewals only as far as reports extended validity here."""
         with self._mutex:
             self._link_id = 0
             (self._renew_writes, self._renew_reads, self._renew_conditional_failures,
-             self._renew_request_failures, self._renewals) = counters
+             self._renew_request_failures) = counters[:4]
         self._mark_lost(cause)
 
     def adopt(self, owner: str, version: str, fence: Optional[int], mono_ns: int, wall_ns: int,
@@ -1160,18 +1178,28 @@ class Lease:
 
     # ---- release (caller's thread) -------------------------------------------------------------
     def release(self) -> None:
-        """HELD/LOST -> RELEASED (or stays LOST). Raises LockLost if the row was no longer ours
-        (another owner may have run meanwhile), LockReleaseError if the delete stayed unconfirmed."""
+        """HELD/LOST -> RELEASED (or stays LOST). Raises LockLost if ownership ended before the
+        release: the row was no longer ours (``stolen``), or validity lapsed while the block ran (the
+        row, still ours, is deleted; another owner may have acted meanwhile); LockReleaseError if the
+        delete stayed unconfirmed."""
         check_not_forked(self._pid)  # a forked child must not delete the row its parent still holds
+        if self._link_id:
+            self._link.sync()  # renewals the renewal process confirmed count before the check below
+        lapsed = False
         self._mutex.acquire()  # (not `with`: see acquire)
         try:
             state = self.state
             if state == HELD:
-                self.state = RELEASING
+                if self._valid_at(self._mono(), self._wall()):
+                    self.state = RELEASING
+                else:
+                    lapsed = True  # the block outlived validity before the renewal step noticed
             elif state != LOST:
                 raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[state]}")
         finally:
             self._mutex.release()
+        if lapsed:
+            self._mark_lost(self._lapse_cause())
         if self._scheduler.cancel(self):
             # A renewal write is in flight: let it finish, so that no renewal lands after the release.
             self._scheduler.wait_idle(self, 2 * request_timeout_ns(self.lease_ms))
@@ -1189,7 +1217,15 @@ class Lease:
                 self._mutex.release()
         if deleted:
             self._signals.released(self._cache_key, self._others_waiting, self._mono())
-            return
+            cause = self.lost_cause
+            if cause is None:
+                return
+            # Ownership lapsed during the block (expired, unreachable, or max_hold's cancelled). The
+            # row was still ours, but nobody can tell whether another owner acted in between.
+            raise LockLost(
+                f"lease on {self.key!r} in table {self.table!r} lapsed before the block ended ({cause}): "
+                "its row is deleted, but another owner may have acted meanwhile",
+                key=self.key, cause=cause)
         # The row was not ours any more: someone took over (or removed it). Fail closed.
         self.note_stolen()
         cause = cast(str, self.lost_cause)  # set by note_stolen(), or before, with the state LOST
@@ -1298,7 +1334,7 @@ class Lease:
             if not backoff_ns:
                 break
         self._cleanup_failures += 1
-        message = f"release of {self.key!r} in table {self.table!r} unconfirmed after {budget_ns / 1e9:g}s"
+        message = f"release of {self.key!r} in table {self.table!r} unconfirmed after {seconds_text(budget_ns)}"
         if raise_on_failure:
             raise LockReleaseError(message, key=self.key) from error
         _log.warning("%s; the row is recovered by observation", message)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Type, TypeVar
 
 from .client import LeaseClient
 from .exceptions import LockLost
-from .lock import DEFAULT_LEASE_DURATION, DEFAULT_WAIT_TIMEOUT, SyncDistributedLock
+from .lock import DEFAULT_LEASE_DURATION, DEFAULT_WAIT_TIMEOUT, LeaseOptions, LeaseView, SyncDistributedLock
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -76,12 +76,13 @@ async def _shielded(future: Future[_T]) -> _T:
     return await waiter
 
 
-class DistributedLock:
+class DistributedLock(LeaseView):
     """``async with DistributedLock(client, table="locks", key="k") as lease:`` — the async form of
-    :class:`~fastlease.SyncDistributedLock`, with the same arguments (seconds), semantics and
-    exceptions. ``lease`` is the underlying ``SyncDistributedLock``: its properties and checks never
-    block. Waiting runs on the client's worker threads; cancelled while waiting, nothing is left held.
-    ``on_lost`` runs in a worker thread: use ``loop.call_soon_threadsafe`` to reach the loop."""
+    :class:`~fastlease.SyncDistributedLock`, with the same arguments (seconds), semantics, exceptions
+    and members. ``lease`` is this guard: its properties, checks and ``metrics`` never block, before,
+    during and after the block. Without ``async with``: ``await guard.acquire()`` and ``await
+    guard.release()``. Waiting runs on the client's worker threads; cancelled while waiting, nothing is
+    left held. ``on_lost`` runs in a worker thread: use ``loop.call_soon_threadsafe`` to reach the loop."""
 
     __slots__ = ("_guard",)
 
@@ -96,26 +97,49 @@ class DistributedLock:
         max_hold: Optional[float] = None,
         on_lost: Optional[Callable[[LockLost], object]] = None,
     ) -> None:
-        self._guard = SyncDistributedLock(
+        self._adopt(SyncDistributedLock(
             client, table=table, key=key, lease_duration=lease_duration, wait_timeout=wait_timeout,
             max_hold=max_hold, on_lost=on_lost,
-        )
+        ))
+
+    @classmethod
+    def with_options(cls, client: LeaseClient, *, table: str, key: str, options: LeaseOptions) -> Self:
+        """A guard from options validated once for many guards (as ``SyncDistributedLock.with_options``)."""
+        return cls._from_guard(SyncDistributedLock.with_options(client, table=table, key=key, options=options))
 
     @classmethod
     def _from_guard(cls, guard: SyncDistributedLock) -> Self:
         lock = cls.__new__(cls)
-        lock._guard = guard
+        lock._adopt(guard)
         return lock
 
-    async def __aenter__(self) -> SyncDistributedLock:
-        acquiring = _run(self._guard.client, self._guard.__enter__)
+    def _adopt(self, guard: SyncDistributedLock) -> None:
+        self._guard = guard  # the sync guard whose steps run on worker threads
+        self._lease = guard._lease  # what the shared members (LeaseView) read
+
+    async def acquire(self) -> Self:
+        """Acquire the lease, as entering ``async with`` does, and return this guard, held. Cancelled
+        while waiting: the engine stops waiting, and a lease acquired meanwhile is released."""
+        acquiring = _run(self._guard.client, self._guard.acquire)
         try:
             await _shielded(acquiring)
         except asyncio.CancelledError:
             self._guard.cancel()
             acquiring.add_done_callback(self._release_if_acquired)
             raise
-        return self._guard
+        return self
+
+    async def release(self) -> None:
+        """Release the lease, with the outcomes of ``SyncDistributedLock.release``. Cancelled while
+        releasing: the release goes on to completion."""
+        await _shielded(_run(self._guard.client, self._guard.release, short=True))
+
+    async def release_by_write(self, write: Callable[[float], bool], landed: Callable[[float], bool]) -> None:
+        """``SyncDistributedLock.release_by_write``, on a worker thread (``write`` and ``landed`` run there)."""
+        await _shielded(_run(self._guard.client, self._guard.release_by_write, write, landed, short=True))
+
+    async def __aenter__(self) -> Self:
+        return await self.acquire()
 
     def _release_if_acquired(self, acquiring: Future[SyncDistributedLock]) -> None:
         """After a cancelled acquisition finishes: release what it may have acquired, off the loop."""

@@ -114,6 +114,14 @@ class LeaseClient:
         none). Reads only: nothing is created, observed or changed."""
         raise TypeError(f"{type(self).__name__} cannot be inspected from outside its process")
 
+    def holder(self, table: str, key: str) -> Optional[dict[str, Any]]:
+        """The row that holds ``key`` now, as :meth:`inspect` returns it, or None when nobody does.
+        Read-only, like ``inspect``: a snapshot for operators and diagnostics, not a lock decision
+        (the holder may change the moment after; acquire a guard to act on the key)."""
+        self.engine_module.check_key(key)
+        rows = self.inspect(table, key)
+        return rows[0] if rows else None
+
     def _async_executor(self, short: bool = False) -> ThreadPoolExecutor:
         """The bounded thread pool the async API runs blocking steps on (not the loop's default pool,
         which lock waits could starve). Acquisitions use one pool, steps that never wait for

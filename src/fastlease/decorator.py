@@ -56,24 +56,51 @@ class _LockSpec:
 
 
 def _bind_template(core: Any, template: Any, fn: Callable[..., Any]) -> Any:
-    """Map each placeholder to its argument's position and default, from the signature."""
+    """The template bound to ``fn``'s signature: a ``CallKey`` whose binder takes a call's arguments
+    exactly as Python binds them for ``fn`` (see ``_call_binder``)."""
     import inspect  # here, at decoration: inspect costs 4 ms of every `import fastlease` otherwise
 
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    signature = inspect.signature(fn)
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    parameters = list(inspect.signature(fn).parameters.values())
-    by_name = {parameter.name: parameter for parameter in parameters}
-    positions, defaults = [], []
     for name in template.names:
-        parameter = by_name.get(name)
+        parameter = signature.parameters.get(name)
         if parameter is None or parameter.kind in variadic:
             raise ValueError(
                 f"key placeholder {{{name}}} must name a regular argument of {fn.__qualname__}"
-                f"{inspect.signature(fn)} (not *args or **kwargs)"
+                f"{signature} (not *args or **kwargs)"
             )
-        positions.append(parameters.index(parameter) if parameter.kind in positional else -1)
-        defaults.append(core.MISSING if parameter.default is inspect.Parameter.empty else parameter.default)
-    return core.CallKey(template, tuple(positions), tuple(defaults))
+    return core.CallKey(template, _call_binder(fn, signature, template.names))
+
+
+def _call_binder(fn: Callable[..., Any], signature: Any, names: tuple[str, ...]) -> Callable[..., tuple[Any, ...]]:
+    """A function with ``fn``'s parameters (names, kinds and defaults) that returns the values of
+    ``names``. Calling it with a call's arguments binds them with CPython's own rules, so a
+    positional-only parameter never takes a keyword of its name (that goes to ``**kwargs``), and a
+    call that ``fn`` would reject raises ``fn``'s own TypeError before any request is sent."""
+    import inspect
+
+    empty = inspect.Parameter.empty
+    # The stub's source carries no annotation and no default value (a default's repr need not be
+    # valid source): `None` stands in for each default, and the real ones are installed below.
+    stub = signature.replace(
+        parameters=[parameter.replace(annotation=empty, default=empty if parameter.default is empty else None)
+                    for parameter in signature.parameters.values()],
+        return_annotation=empty,
+    )
+    namespace: dict[str, Any] = {}
+    body = "".join(f"{name}, " for name in names)
+    exec(f"def binder{stub}:\n    return ({body})\n", {}, namespace)  # noqa: S102 - source made above
+    binder: Callable[..., tuple[Any, ...]] = namespace["binder"]
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    binder.__defaults__ = tuple(parameter.default for parameter in signature.parameters.values()
+                                if parameter.kind in positional and parameter.default is not empty) or None
+    binder.__kwdefaults__ = {parameter.name: parameter.default for parameter in signature.parameters.values()
+                             if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+                             and parameter.default is not empty} or None
+    # Python's binding errors name the function ("work() takes 1 positional argument but 2 were given").
+    binder.__name__ = getattr(fn, "__name__", binder.__name__)
+    binder.__qualname__ = getattr(fn, "__qualname__", binder.__qualname__)
+    return binder
 
 
 def distributed_lock(

@@ -27,8 +27,10 @@ __all__ = [
 #: ``stolen``: the row changed owner or vanished under us;
 #: ``expired``: local validity ran out without a failed request (a stalled process or renewal thread);
 #: ``unreachable``: renewal requests kept failing until validity ran out;
-#: ``cancelled``: the holder gave up the lease on purpose (for example when ``max_hold`` elapsed).
-LOST_CAUSES = ("stolen", "expired", "unreachable", "cancelled")
+#: ``cancelled``: the holder gave up the lease on purpose (for example when ``max_hold`` elapsed);
+#: ``not_held``: ``raise_if_lost()`` on a guard that does not hold the lease, because it was never
+#: acquired (not yet, or the acquisition failed) or was already released.
+LOST_CAUSES = ("stolen", "expired", "unreachable", "cancelled", "not_held")
 
 
 class FastleaseError(Exception):

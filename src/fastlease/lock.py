@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from ._engine import Lease  # type checkers read the one engine source
 
-__all__ = ["SyncDistributedLock", "LeaseMetrics", "DEFAULT_LEASE_DURATION", "DEFAULT_WAIT_TIMEOUT"]
+__all__ = ["SyncDistributedLock", "LeaseView", "LeaseMetrics", "DEFAULT_LEASE_DURATION", "DEFAULT_WAIT_TIMEOUT"]
 
 _log = get_logger("fastlease.lock")
 
@@ -145,75 +145,13 @@ def attach_cleanup_error(body_error: BaseException, cleanup_error: BaseException
         _log.warning("%s", note)
 
 
-class SyncDistributedLock:
-    """A distributed lease on one key, held for the duration of a ``with`` block.
-
-    ``with SyncDistributedLock(client, table="locks", key="import:daily") as lease:`` acquires (waiting
-    up to ``wait_timeout`` seconds, else ``LockNotAcquired``), renews in the background every
-    lease/3 while the block runs, and releases on exit. Guards are single-use and not reentrant.
-
-    ``lease_duration`` (seconds, 0.1-86,400) is the lease written to the store: a crashed holder's key
-    is taken over once another client has seen it unchanged that long, and the holder counts its
-    ownership as valid for 90% of it from just before each write it confirms. ``wait_timeout``
-    (seconds, 0-86,400; 0 makes one attempt) bounds the wait for the key. ``max_hold`` (seconds) stops
-    renewing after that long even if the block is still running: the lease then lapses (cause
-    ``cancelled``) at most 90% of a lease later. ``on_lost`` is called once with the ``LockLost`` when
-    ownership ends early, from the thread that found it (usually the renewal thread); its exceptions
-    are logged, not raised. ``lease.lost`` is an event set at the same moment.
-
-    Raises TypeError or ValueError for bad arguments (client, table, key, durations) when constructed;
-    ``LockNotAcquired`` on entry; on exit ``LockLost`` if the row was no longer ours at the release
-    (another owner may have run meanwhile) and ``LockReleaseError`` if the release stayed
-    unconfirmed. When the block raised, its exception wins and a cleanup failure is attached to it as
-    a note (logged on Python 3.9 and 3.10).
-    """
+class LeaseView:
+    """What both guards share (``SyncDistributedLock`` and the async ``DistributedLock``): the lease's
+    state, its local checks, ``check_in`` and ``metrics``, none of which blocks. Every member that
+    reads or uses ownership raises RuntimeError in a forked child: the lease is its parent's."""
 
     __slots__ = ("_lease",)
     _lease: Lease  # the engine's state machine for this acquisition
-
-    def __init__(
-        self,
-        client: LeaseClient,
-        *,
-        table: str,
-        key: str,
-        lease_duration: float = DEFAULT_LEASE_DURATION,
-        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
-        max_hold: Optional[float] = None,
-        on_lost: Optional[Callable[[LockLost], object]] = None,
-    ) -> None:
-        options = guard_options(lease_duration, wait_timeout, max_hold, on_lost)
-        self._lease = check_client(client).engine_module.Lease(client, table, key, *options)
-
-    @classmethod
-    def with_options(cls, client: LeaseClient, *, table: str, key: str, options: LeaseOptions) -> Self:
-        """A guard from options validated once for many guards (the decorator's and idempotency's path)."""
-        return cls._from_lease(client.engine_module.Lease(client, table, key, *options))
-
-    @classmethod
-    def _from_lease(cls, lease: Lease) -> Self:
-        """Wrap an engine lease built from already-validated arguments (the decorator's path)."""
-        guard = cls.__new__(cls)
-        guard._lease = lease
-        return guard
-
-    def __enter__(self) -> Self:
-        self._lease.acquire()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: Optional[Type[BaseException]],
-        exc: Optional[BaseException],
-        traceback: Optional[TracebackType],
-    ) -> None:
-        if exc is None:
-            self._lease.release()
-            return
-        try:
-            self._lease.release()
-        except (FastleaseError, RuntimeError) as cleanup_error:
-            attach_cleanup_error(exc, cleanup_error)
 
     def cancel(self) -> None:
         """Give up an acquisition in progress, from any thread: its wait stops at its next step and it
@@ -221,15 +159,6 @@ class SyncDistributedLock:
         lease is held (release it instead)."""
         self._lease.cancel()
 
-    def release_by_write(self, write: Callable[[float], bool], landed: Callable[[float], bool]) -> None:
-        """End the lease with your own atomic write, conditioned on this lease's owner, that also deletes
-        the lease row (idempotency's completion does this). ``write(timeout_s)`` returns True if applied,
-        False if the row was not ours; ``landed(timeout_s)`` says whether a write of unknown outcome did
-        land. The engine sends it only while the lease is valid and retries it within the cleanup
-        budget. LockLost if the lease is not ours (nothing may then be written)."""
-        self._lease.release_by_write(write, landed)
-
-    # ---- the lease as seen by the block ---------------------------------------------------------
     @property
     def client(self) -> LeaseClient:
         """The client this lease belongs to."""
@@ -264,6 +193,7 @@ class SyncDistributedLock:
     @property
     def owner(self) -> Optional[str]:
         """This acquisition's owner id (a UUID4) once held."""
+        self._lease.check_process()
         owner: Optional[str] = self._lease.owner
         return owner
 
@@ -272,6 +202,7 @@ class SyncDistributedLock:
         """This acquisition's fencing token once held: an int that every acquisition and takeover of
         the key increases, on stores that keep one (SQLite, Redis, memory); None on DynamoDB protocol v1.
         Pass it to whatever the lease protects and have that refuse a token lower than one it has seen."""
+        self._lease.check_process()
         token: Optional[int] = self._lease.fencing_token
         return token
 
@@ -288,11 +219,13 @@ class SyncDistributedLock:
         return event
 
     def is_valid(self) -> bool:
-        """True while held and within local validity (90% of the lease since the last confirmed write)."""
+        """True while held and within local validity (90% of the lease since the last confirmed write);
+        False before the acquisition and after the release."""
         return bool(self._lease.is_valid())
 
     def raise_if_lost(self) -> None:
-        """Raise :class:`~fastlease.exceptions.LockLost` unless ownership is still valid (no request)."""
+        """Raise :class:`~fastlease.exceptions.LockLost` unless ownership is still valid (no request):
+        with the loss's cause, or ``not_held`` before the acquisition and after the release."""
         self._lease.raise_if_lost()
 
     def check_in(self, transaction: Any) -> None:
@@ -317,4 +250,99 @@ class SyncDistributedLock:
         )
 
     def __repr__(self) -> str:
-        return f"<SyncDistributedLock table={self.table!r} key={self.key!r} state={self.state}>"
+        return f"<{type(self).__name__} table={self.table!r} key={self.key!r} state={self.state}>"
+
+
+class SyncDistributedLock(LeaseView):
+    """A distributed lease on one key, held for the duration of a ``with`` block.
+
+    ``with SyncDistributedLock(client, table="locks", key="import:daily") as lease:`` acquires (waiting
+    up to ``wait_timeout`` seconds, else ``LockNotAcquired``), renews in the background every
+    lease/3 while the block runs, and releases on exit. Guards are single-use and not reentrant.
+
+    ``lease_duration`` (seconds, 0.1-86,400) is the lease written to the store: a crashed holder's key
+    is taken over once another client has seen it unchanged that long, and the holder counts its
+    ownership as valid for 90% of it from just before each write it confirms. ``wait_timeout``
+    (seconds, 0-86,400; 0 makes one attempt) bounds the wait for the key. ``max_hold`` (seconds) stops
+    renewing after that long even if the block is still running: the lease then lapses (cause
+    ``cancelled``) at most 90% of a lease later. ``on_lost`` is called once with the ``LockLost`` when
+    ownership ends early, from the thread that found it (usually the renewal thread); its exceptions
+    are logged, not raised. ``lease.lost`` is an event set at the same moment.
+
+    Without ``with``: ``lease = guard.acquire()`` then ``guard.release()`` in a ``finally``, with the
+    same outcomes. There is no ``extend()``: renewal is automatic, and ``max_hold`` bounds it.
+
+    Raises TypeError or ValueError for bad arguments (client, table, key, durations) when constructed;
+    ``LockNotAcquired`` on entry; on exit ``LockLost`` if ownership ended during the block: the row was
+    no longer ours at the release (``stolen``), or validity lapsed (``expired``, ``unreachable``,
+    ``cancelled``; the row is still deleted), since another owner may have run meanwhile; and
+    ``LockReleaseError`` if the release stayed unconfirmed. When the block raised, its exception wins
+    and a cleanup failure is attached to it as a note (logged on Python 3.9 and 3.10).
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        client: LeaseClient,
+        *,
+        table: str,
+        key: str,
+        lease_duration: float = DEFAULT_LEASE_DURATION,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+        max_hold: Optional[float] = None,
+        on_lost: Optional[Callable[[LockLost], object]] = None,
+    ) -> None:
+        options = guard_options(lease_duration, wait_timeout, max_hold, on_lost)
+        self._lease = check_client(client).engine_module.Lease(client, table, key, *options)
+
+    @classmethod
+    def with_options(cls, client: LeaseClient, *, table: str, key: str, options: LeaseOptions) -> Self:
+        """A guard from options validated once for many guards (the decorator's and idempotency's path)."""
+        return cls._from_lease(client.engine_module.Lease(client, table, key, *options))
+
+    @classmethod
+    def _from_lease(cls, lease: Lease) -> Self:
+        """Wrap an engine lease built from already-validated arguments (the decorator's path)."""
+        guard = cls.__new__(cls)
+        guard._lease = lease
+        return guard
+
+    def acquire(self) -> Self:
+        """Acquire the lease, as entering the ``with`` block does, and return this guard, held. For
+        code that cannot use ``with``: pair it with :meth:`release` in a ``finally``. Guards stay
+        single-use. Raises LockNotAcquired (and bad-state RuntimeError) as entering does."""
+        self._lease.acquire()
+        return self
+
+    def release(self) -> None:
+        """Release the lease, as leaving the block without an exception does: LockLost if ownership
+        ended before the release (the row was taken, or validity lapsed meanwhile), LockReleaseError
+        if the release stayed unconfirmed; RuntimeError if the guard does not hold a lease to release."""
+        self._lease.release()
+
+    def __enter__(self) -> Self:
+        self._lease.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        if exc is None:
+            self._lease.release()
+            return
+        try:
+            self._lease.release()
+        except (FastleaseError, RuntimeError) as cleanup_error:
+            attach_cleanup_error(exc, cleanup_error)
+
+    def release_by_write(self, write: Callable[[float], bool], landed: Callable[[float], bool]) -> None:
+        """End the lease with your own atomic write, conditioned on this lease's owner, that also deletes
+        the lease row (idempotency's completion does this). ``write(timeout_s)`` returns True if applied,
+        False if the row was not ours; ``landed(timeout_s)`` says whether a write of unknown outcome did
+        land. The engine sends it only while the lease is valid and retries it within the cleanup
+        budget. LockLost if the lease is not ours (nothing may then be written)."""
+        self._lease.release_by_write(write, landed)

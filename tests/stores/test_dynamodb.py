@@ -338,14 +338,35 @@ def test_check_in_rules(ddb, make_dynamodb, results_table):
             lease.check_in(object())
 
 
+def test_an_inherited_lease_cannot_check_in_a_transaction_in_a_forked_child(ddb, results_table, in_forked_child):
+    # Before, the child's check_in and commit succeeded: its write landed under the parent's lease.
+    with SyncDistributedLock(ddb, table="locks", key="import:daily") as lease:
+        def write_under_the_parent_s_lease() -> str:
+            tx = SyncTransaction(ddb)
+            try:
+                lease.check_in(tx)
+            except RuntimeError as error:
+                return "refused" if "forked child" in str(error) else str(error)
+            tx.put("import_results", {"job_id": "daily", "summary": "from the child"})
+            tx.commit()
+            return "committed"
+
+        assert in_forked_child(write_under_the_parent_s_lease) == "refused"
+        with SyncTransaction(ddb) as tx:  # the parent's own check-in still works
+            lease.check_in(tx)
+            tx.put("import_results", {"job_id": "daily", "summary": "from the parent"})
+    assert result_item(ddb)["summary"] == {"S": "from the parent"}
+
+
 def test_check_in_raises_lock_lost_when_not_valid(make_dynamodb):
     clock = FakeClock()
     client = make_dynamodb(clock=clock)
     client.create_lock_table("locks")
-    with SyncDistributedLock(client, table="locks", key="k", lease_duration=3) as lease:
-        clock.jump_wall(-1)  # a backwards wall jump: validity ends
-        with pytest.raises(LockLost):
-            lease.check_in(SyncTransaction(client))
+    with pytest.raises(LockLost, match="lapsed before the block ended"):  # leaving the block says so too
+        with SyncDistributedLock(client, table="locks", key="k", lease_duration=3) as lease:
+            clock.jump_wall(-1)  # a backwards wall jump: validity ends
+            with pytest.raises(LockLost):
+                lease.check_in(SyncTransaction(client))
 
 
 def test_condition_check_item_for_a_hand_built_transaction(ddb, results_table):
