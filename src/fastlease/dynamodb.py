@@ -16,9 +16,10 @@ boto3's ``TypeSerializer``. Commits use your own boto3 client and its configurat
 from __future__ import annotations
 
 import logging
+import math
 import platform
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Type
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Type, TypeVar
 
 from .client import LeaseClient
 from .exceptions import TransactionCanceled
@@ -34,6 +35,10 @@ __all__ = ["DynamoDBClient", "SyncTransaction", "Transaction", "TransactionCance
 _log = logging.getLogger("fastlease.dynamodb")
 
 MAX_TRANSACTION_ITEMS = 100  # DynamoDB's limit for TransactWriteItems
+_KEY_TYPES = ("S", "N", "B")  # the attribute types a table's key may have
+_Names = Optional[Mapping[str, str]]  # ExpressionAttributeNames: {"#s": "status"}
+_Values = Optional[Mapping[str, Any]]  # ExpressionAttributeValues, plain Python: {":s": "paid"}
+_T = TypeVar("_T")
 
 
 def _user_agent() -> str:
@@ -195,35 +200,99 @@ class DynamoDBClient(LeaseClient):
         return sorted(rows, key=lambda row: str(row["key"]))
 
     # ---- pydynox-style helpers, so the reference's examples run with only their imports changed ----
+    # Convenience for porting pydynox code, not a general DynamoDB client: each sends one request through
+    # your boto3 client (its retries and timeouts), with pydynox 1.8.0's argument names and order.
     def sync_table_exists(self, name: str) -> bool:
         """Any table (not only lock tables): True if it exists."""
         return self.lock_table_exists(name)
 
-    def sync_create_table(self, name: str, *, partition_key: tuple[str, str], wait: bool = True) -> None:
-        """Create an on-demand table with a single partition key, e.g. ``partition_key=("job_id", "S")``."""
+    def sync_create_table(self, name: str, partition_key: tuple[str, str], sort_key: Optional[tuple[str, str]] = None,
+                          *, wait: bool = True, timeout_seconds: Optional[float] = None) -> None:
+        """Create an on-demand table keyed by ``partition_key`` and, if given, ``sort_key``: each a (name,
+        type) pair, type ``"S"``, ``"N"`` or ``"B"``, e.g. ``sync_create_table("orders", ("pk", "S"), ("sk",
+        "N"))``. ``wait`` (True by default, unlike pydynox) returns once the table is active, polling each
+        second for at most ``timeout_seconds`` (25 s by default)."""
         self.engine_module.check_table(name)
-        attribute, attribute_type = partition_key
-        if attribute_type not in ("S", "N", "B"):
-            raise ValueError(f"partition key type must be 'S', 'N' or 'B', got {attribute_type!r}")
+        partition = _key_attribute("partition_key", partition_key)
+        keys = [(partition, "HASH")]
+        if sort_key is not None:
+            sort = _key_attribute("sort_key", sort_key)
+            if sort[0] == partition[0]:
+                raise ValueError(f"sort_key must name another attribute than partition_key, both are {sort[0]!r}")
+            keys.append((sort, "RANGE"))
+        _check_wait(wait, timeout_seconds)
         self.boto3_client.create_table(
             TableName=name,
-            AttributeDefinitions=[{"AttributeName": attribute, "AttributeType": attribute_type}],
-            KeySchema=[{"AttributeName": attribute, "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": attribute, "AttributeType": kind} for (attribute, kind), _ in keys],
+            KeySchema=[{"AttributeName": attribute, "KeyType": role} for (attribute, _), role in keys],
             BillingMode="PAY_PER_REQUEST",
         )
         if wait:
-            self.boto3_client.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1})
+            self._wait_for("table_exists", name, timeout_seconds)
 
-    def sync_get_item(self, table: str, key: dict[str, Any]) -> Optional[dict[str, Any]]:
-        """A strongly consistent read of one item, as plain Python values (None if absent)."""
-        from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+    def sync_delete_table(self, name: str, *, wait: bool = True, timeout_seconds: Optional[float] = None) -> None:
+        """Delete a table, whatever it holds (a lock table's leases too). ``wait`` (True by default, unlike
+        pydynox) returns once it is gone, polling each second for at most ``timeout_seconds`` (25 s by
+        default). A missing table raises boto3's ``ResourceNotFoundException``."""
+        self.engine_module.check_table(name)
+        _check_wait(wait, timeout_seconds)
+        self.boto3_client.delete_table(TableName=name)
+        if wait:
+            self._wait_for("table_not_exists", name, timeout_seconds)
 
-        serializer, deserializer = TypeSerializer(), TypeDeserializer()
-        response = self.boto3_client.get_item(
-            TableName=table, Key={name: serializer.serialize(value) for name, value in key.items()}, ConsistentRead=True
-        )
+    def _wait_for(self, waiter: str, name: str, timeout_seconds: Optional[float]) -> None:
+        """Poll DescribeTable each second until botocore's ``waiter`` is satisfied."""
+        config = {"Delay": 1, "MaxAttempts": 25 if timeout_seconds is None else max(1, math.ceil(timeout_seconds))}
+        self.boto3_client.get_waiter(waiter).wait(TableName=name, WaiterConfig=config)
+
+    def sync_get_item(self, table: str, key: Mapping[str, Any],
+                      consistent_read: bool = True) -> Optional[dict[str, Any]]:
+        """One item as plain Python values (numbers as ``Decimal``), or None if absent. The read is
+        strongly consistent unless ``consistent_read=False`` (pydynox reads eventually consistent by default)."""
+        self.engine_module.check_table(table)
+        if type(consistent_read) is not bool:
+            raise TypeError(f"consistent_read must be True or False, got {consistent_read!r:.80}")
+        response = self.boto3_client.get_item(TableName=table, Key=_to_wire("key", key), ConsistentRead=consistent_read)
         item = response.get("Item")
-        return None if item is None else {name: deserializer.deserialize(value) for name, value in item.items()}
+        return None if item is None else _from_wire(item)
+
+    def sync_put_item(self, table: str, item: Mapping[str, Any], condition_expression: Optional[str] = None,
+                      expression_attribute_names: _Names = None, expression_attribute_values: _Values = None) -> None:
+        """Write a whole item (plain Python values), replacing any item with its key. If the condition is
+        false, boto3's ``ConditionalCheckFailedException`` (``client.boto3_client.exceptions``) is raised
+        and nothing is written. Returns None (pydynox returns its request metrics)."""
+        self.engine_module.check_table(table)
+        self.boto3_client.put_item(**_expressions(
+            {"TableName": table, "Item": _to_wire("item", item)},
+            condition_expression, expression_attribute_names, expression_attribute_values))
+
+    def sync_delete_item(self, table: str, key: Mapping[str, Any], condition_expression: Optional[str] = None,
+                         expression_attribute_names: _Names = None,
+                         expression_attribute_values: _Values = None) -> None:
+        """Delete the item with this key (a missing item is no error). If the condition is false, boto3's
+        ``ConditionalCheckFailedException`` is raised and nothing is deleted. Returns None."""
+        self.engine_module.check_table(table)
+        self.boto3_client.delete_item(**_expressions(
+            {"TableName": table, "Key": _to_wire("key", key)},
+            condition_expression, expression_attribute_names, expression_attribute_values))
+
+    async def get_item(self, table: str, key: Mapping[str, Any],
+                       consistent_read: bool = True) -> Optional[dict[str, Any]]:
+        """The async form of :meth:`sync_get_item`, run on the client's worker threads."""
+        return await _off_loop(self, self.sync_get_item, table, key, consistent_read)
+
+    async def put_item(self, table: str, item: Mapping[str, Any], condition_expression: Optional[str] = None,
+                       expression_attribute_names: _Names = None, expression_attribute_values: _Values = None) -> None:
+        """The async form of :meth:`sync_put_item`; cancelling the caller does not stop a request once sent."""
+        await _off_loop(self, self.sync_put_item, table, item, condition_expression, expression_attribute_names,
+                        expression_attribute_values)
+
+    async def delete_item(self, table: str, key: Mapping[str, Any], condition_expression: Optional[str] = None,
+                          expression_attribute_names: _Names = None,
+                          expression_attribute_values: _Values = None) -> None:
+        """The async form of :meth:`sync_delete_item`; cancelling the caller does not stop a request once sent."""
+        await _off_loop(self, self.sync_delete_item, table, key, condition_expression, expression_attribute_names,
+                        expression_attribute_values)
 
     # ---- transactions ------------------------------------------------------------------------
     def _check_in(self, lease: Any, transaction: Any) -> None:
@@ -245,6 +314,83 @@ def condition_check_item(lease: Any) -> dict[str, Any]:
 
 
 
+def _key_attribute(argument: str, pair: Any) -> tuple[str, str]:
+    """A table key's ``(name, type)`` pair, checked, as pydynox's ``partition_key``/``sort_key`` take it."""
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise TypeError(f"{argument} must be a (name, type) pair such as ('id', 'S'), got {pair!r:.80}")
+    attribute, kind = pair
+    if type(attribute) is not str or not attribute:
+        raise TypeError(f"{argument} name must be a non-empty str, got {attribute!r:.80}")
+    if type(kind) is not str or kind not in _KEY_TYPES:
+        label = argument.replace("_", " ")
+        raise ValueError(f"{label} type must be 'S', 'N' or 'B' (string, number, binary), got {kind!r:.80}")
+    return attribute, kind
+
+
+def _check_wait(wait: bool, timeout_seconds: Optional[float]) -> None:
+    """The table helpers check these before their request, so that bad input sends nothing."""
+    if type(wait) is not bool:
+        raise TypeError(f"wait must be True or False, got {wait!r:.80}")
+    if timeout_seconds is None:
+        return
+    if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)):
+        raise TypeError(f"timeout_seconds must be a number of seconds or None, got {timeout_seconds!r:.80}")
+    if not 0 < timeout_seconds < math.inf:
+        raise ValueError(f"timeout_seconds must be positive and finite, got {timeout_seconds!r:.80}")
+
+
+def _to_wire(what: str, values: Any) -> dict[str, Any]:
+    """Plain Python values as DynamoDB's typed ones (boto3's ``TypeSerializer``)."""
+    from boto3.dynamodb.types import TypeSerializer
+
+    if not isinstance(values, Mapping):
+        raise TypeError(f"{what} must be a mapping of attribute names to values, got {type(values).__name__}: "
+                        f"{values!r:.80}")
+    serialize = TypeSerializer().serialize
+    return {name: serialize(value) for name, value in values.items()}
+
+
+def _from_wire(item: Mapping[str, Any]) -> dict[str, Any]:
+    from boto3.dynamodb.types import TypeDeserializer
+
+    deserialize = TypeDeserializer().deserialize
+    return {name: deserialize(value) for name, value in item.items()}
+
+
+def _expressions(params: dict[str, Any], condition: Optional[str], names: _Names, values: _Values) -> dict[str, Any]:
+    """Add a condition expression and its placeholders to a request's (or transaction item's) parameters."""
+    if condition is not None:
+        if type(condition) is not str:
+            raise TypeError(f"the condition expression must be a str, got {type(condition).__name__}: "
+                            f"{condition!r:.80}")
+        params["ConditionExpression"] = condition
+    if names:
+        if not isinstance(names, Mapping):
+            raise TypeError(f"expression attribute names must be a mapping such as {{'#s': 'status'}}, got "
+                            f"{type(names).__name__}: {names!r:.80}")
+        params["ExpressionAttributeNames"] = dict(names)
+    if values:
+        params["ExpressionAttributeValues"] = _to_wire("expression attribute values", values)
+    return params
+
+
+def _either(ours: str, value: Any, theirs: str, alias: Any) -> Any:
+    """One argument, under fastlease's keyword or pydynox's, not both."""
+    if alias is None:
+        return value
+    if value is not None:
+        raise TypeError(f"pass {ours} or {theirs}, not both")
+    return alias
+
+
+async def _off_loop(client: DynamoDBClient, step: Callable[..., _T], *args: Any) -> _T:
+    """Run a blocking step on the client's worker threads, like every blocking step of the async API
+    (not torn off half-sent if the awaiting task is cancelled: the step completes, its outcome consumed)."""
+    from .aio import _run, _shielded
+
+    return await _shielded(_run(client, step, *args))
+
+
 def _targets_lock_item(table: str, plain_key: Any, lock_table: str, lock_key: str) -> bool:
     """Does an operation on ``table`` with this key (or item, as plain values) address the lock row?"""
     return table == lock_table and isinstance(plain_key, dict) and plain_key.get("key") == lock_key
@@ -256,19 +402,13 @@ class SyncTransaction:
     def __init__(self, client: DynamoDBClient) -> None:
         if not isinstance(client, DynamoDBClient):
             raise TypeError(f"SyncTransaction needs a DynamoDBClient, got {type(client).__name__}")
-        from boto3.dynamodb.types import TypeSerializer
-
         self.client = client
-        self._serializer = TypeSerializer()
         self._items: list[dict[str, Any]] = []
         self._targets: list[tuple[str, str, Any]] = []  # (operation, table, plain key) per item
         self._lock_checks: dict[tuple[str, str], tuple[int, Any]] = {}  # (table, key) -> (item index, lease)
         self._committed = False
 
     # ---- building ------------------------------------------------------------------------------
-    def _serialize(self, values: Optional[Mapping[str, Any]]) -> dict[str, Any]:
-        return {name: self._serializer.serialize(value) for name, value in (values or {}).items()}
-
     def _add(self, operation: str, table: str, plain_key: Any, body: dict[str, Any]) -> None:
         if self._committed:
             raise RuntimeError("this transaction was already committed")
@@ -286,40 +426,52 @@ class SyncTransaction:
                     "it must not contain another operation on the lock item"
                 )
 
-    def _expressions(self, body: dict[str, Any], condition: Optional[str], names: Optional[Mapping[str, str]],
-                     values: Optional[Mapping[str, Any]]) -> dict[str, Any]:
-        if condition is not None:
-            body["ConditionExpression"] = condition
-        if names:
-            body["ExpressionAttributeNames"] = dict(names)
-        if values:
-            body["ExpressionAttributeValues"] = self._serialize(values)
-        return body
-
-    def put(self, table: str, item: Mapping[str, Any], *, condition: Optional[str] = None,
-            names: Optional[Mapping[str, str]] = None, values: Optional[Mapping[str, Any]] = None) -> None:
+    # Each operation takes its condition, names and values positionally, in pydynox's order, or by
+    # keyword: fastlease's (condition=, names=, values=) or pydynox's (condition_expression=, ...).
+    def put(self, table: str, item: Mapping[str, Any], condition: Optional[str] = None, names: _Names = None,
+            values: _Values = None, *, condition_expression: Optional[str] = None,
+            expression_attribute_names: _Names = None, expression_attribute_values: _Values = None) -> None:
         """Put a whole item (plain Python values)."""
-        body = {"TableName": table, "Item": self._serialize(item)}
-        self._add("Put", table, dict(item), self._expressions(body, condition, names, values))
+        self._operation("Put", table, item, {"Item": _to_wire("item", item)}, condition, names, values,
+                        condition_expression, expression_attribute_names, expression_attribute_values)
 
-    def update(self, table: str, key: Mapping[str, Any], update: str, *, condition: Optional[str] = None,
-               names: Optional[Mapping[str, str]] = None, values: Optional[Mapping[str, Any]] = None) -> None:
-        """Apply an UpdateExpression to the item with this key."""
-        body = {"TableName": table, "Key": self._serialize(key), "UpdateExpression": update}
-        self._add("Update", table, dict(key), self._expressions(body, condition, names, values))
+    def update(self, table: str, key: Mapping[str, Any], update: Optional[str] = None,
+               condition: Optional[str] = None, names: _Names = None, values: _Values = None, *,
+               update_expression: Optional[str] = None, condition_expression: Optional[str] = None,
+               expression_attribute_names: _Names = None, expression_attribute_values: _Values = None) -> None:
+        """Apply an UpdateExpression (``update``, or pydynox's ``update_expression``) to the item with this key."""
+        update = _either("update", update, "update_expression", update_expression)
+        if type(update) is not str:
+            raise TypeError(f"update() needs the update expression as a str, such as 'SET #n = :n', got {update!r:.80}")
+        self._operation("Update", table, key, {"Key": _to_wire("key", key), "UpdateExpression": update},
+                        condition, names, values,
+                        condition_expression, expression_attribute_names, expression_attribute_values)
 
-    def delete(self, table: str, key: Mapping[str, Any], *, condition: Optional[str] = None,
-               names: Optional[Mapping[str, str]] = None, values: Optional[Mapping[str, Any]] = None) -> None:
+    def delete(self, table: str, key: Mapping[str, Any], condition: Optional[str] = None, names: _Names = None,
+               values: _Values = None, *, condition_expression: Optional[str] = None,
+               expression_attribute_names: _Names = None, expression_attribute_values: _Values = None) -> None:
         """Delete the item with this key."""
-        body = {"TableName": table, "Key": self._serialize(key)}
-        self._add("Delete", table, dict(key), self._expressions(body, condition, names, values))
+        self._operation("Delete", table, key, {"Key": _to_wire("key", key)}, condition, names, values,
+                        condition_expression, expression_attribute_names, expression_attribute_values)
 
-    def condition_check(self, table: str, key: Mapping[str, Any], condition: str, *,
-                        names: Optional[Mapping[str, str]] = None,
-                        values: Optional[Mapping[str, Any]] = None) -> None:
-        """Require a condition on an item without writing it."""
-        body = {"TableName": table, "Key": self._serialize(key)}
-        self._add("ConditionCheck", table, dict(key), self._expressions(body, condition, names, values))
+    def condition_check(self, table: str, key: Mapping[str, Any], condition: Optional[str] = None,
+                        names: _Names = None, values: _Values = None, *, condition_expression: Optional[str] = None,
+                        expression_attribute_names: _Names = None, expression_attribute_values: _Values = None) -> None:
+        """Require a condition (``condition``, or pydynox's ``condition_expression``) on an item without writing it."""
+        if condition is None and condition_expression is None:
+            raise TypeError("condition_check() needs the condition expression, such as 'attribute_exists(#k)'")
+        self._operation("ConditionCheck", table, key, {"Key": _to_wire("key", key)}, condition, names, values,
+                        condition_expression, expression_attribute_names, expression_attribute_values)
+
+    def _operation(self, operation: str, table: str, plain_key: Mapping[str, Any], body: dict[str, Any],
+                   condition: Optional[str], names: _Names, values: _Values, condition_expression: Optional[str],
+                   expression_attribute_names: _Names, expression_attribute_values: _Values) -> None:
+        """Add one item: its condition, names and values under fastlease's keywords or pydynox's."""
+        body = _expressions({"TableName": table, **body},
+                            _either("condition", condition, "condition_expression", condition_expression),
+                            _either("names", names, "expression_attribute_names", expression_attribute_names),
+                            _either("values", values, "expression_attribute_values", expression_attribute_values))
+        self._add(operation, table, dict(plain_key), body)
 
     def _add_lock_check(self, lease: Any, check: dict[str, Any]) -> None:
         """Called by ``lease.check_in``: one ConditionCheck per lease, and no other op on its item."""
@@ -393,8 +545,4 @@ class Transaction(SyncTransaction):
     async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
                         traceback: Optional[TracebackType]) -> None:
         if exc is None:
-            from .aio import _run, _shielded
-
-            # Like every blocking step of the async API: on the client's pool, and not torn off
-            # half-sent if the task is cancelled (the commit completes; its outcome is consumed).
-            await _shielded(_run(self.client, self.commit))
+            await _off_loop(self.client, self.commit)

@@ -475,3 +475,225 @@ def test_a_credential_refresh_failure_is_a_retryable_error_not_a_raw_botocore_on
         assert isinstance(info.value.__cause__, CredentialRetrievalError)
     finally:
         client.close()
+
+
+# ---- pydynox-style helpers: code ported from pydynox 1.8.0 runs with only its imports changed ------
+
+
+def pydynox_style_snippet(client, SyncDistributedLock, SyncTransaction, prefix):  # noqa: N803 - imported names
+    """Code as written for pydynox 1.8.0: table helpers with a sort key, item helpers and transactions
+    with positional condition, names and values (and pydynox's keywords), a lease checked in. The
+    caller passes either library's client and classes: only the imports differ."""
+    locks, orders = f"{prefix}_locks", f"{prefix}_orders"
+    for table in (locks, orders):
+        if client.sync_table_exists(table):
+            client.sync_delete_table(table, wait=True)
+    client.sync_create_table(locks, ("key", "S"), wait=True)
+    client.sync_create_table(orders, ("pk", "S"), sort_key=("sk", "N"), wait=True)
+    first, second, third = ({"pk": "customer#1", "sk": n} for n in (1, 2, 3))
+
+    client.sync_put_item(orders, {**first, "status": "new", "total": 10})
+    client.sync_put_item(orders, {**first, "status": "new", "total": 12}, "#s = :s", {"#s": "status"}, {":s": "new"})
+    with SyncDistributedLock(client, table=locks, key="customer#1") as lease:
+        with SyncTransaction(client) as tx:
+            lease.check_in(tx)
+            tx.update(orders, first, "SET #s = :paid", "#s = :new", {"#s": "status"}, {":paid": "paid", ":new": "new"})
+            tx.put(orders, {**second, "status": "new"}, "attribute_not_exists(#pk)", {"#pk": "pk"})
+            tx.condition_check(orders, third, "attribute_not_exists(#pk)", {"#pk": "pk"})
+    with SyncTransaction(client) as tx:
+        tx.delete(orders, second, condition_expression="#s = :s", expression_attribute_names={"#s": "status"},
+                  expression_attribute_values={":s": "new"})
+        tx.update(orders, first, update_expression="SET #t = #t + :tip", expression_attribute_names={"#t": "total"},
+                  expression_attribute_values={":tip": 3})
+    paid = client.sync_get_item(orders, first, consistent_read=True)
+    deleted = client.sync_get_item(orders, second, True)
+    client.sync_delete_item(orders, first, "#s = :s", {"#s": "status"}, {":s": "paid"})
+    after = client.sync_get_item(orders, first, consistent_read=True)
+    client.sync_delete_table(orders, wait=True)
+    client.sync_delete_table(locks, wait=True)
+    return paid, deleted, after, client.sync_table_exists(orders)
+
+
+SNIPPET_OUTCOME = ({"pk": "customer#1", "sk": 1, "status": "paid", "total": 15}, None, None, False)
+
+
+def test_a_pydynox_style_snippet_runs_on_fastlease(make_dynamodb):
+    assert pydynox_style_snippet(make_dynamodb(), SyncDistributedLock, SyncTransaction, "port") == SNIPPET_OUTCOME
+
+
+def test_the_same_snippet_runs_on_pydynox_and_on_fastlease_against_one_moto_server(moto_endpoint, moto_session):
+    # pydynox is imported here, not at the top: the wheel tests collect this file without the peer.
+    from pydynox import DynamoDBClient as PydynoxClient
+    from pydynox.lock import SyncDistributedLock as PydynoxLock
+    from pydynox.transaction import SyncTransaction as PydynoxTransaction
+
+    theirs = PydynoxClient(region=REGION, access_key="testing", secret_key="testing", endpoint_url=moto_endpoint)
+    assert pydynox_style_snippet(theirs, PydynoxLock, PydynoxTransaction, "port_pydynox") == SNIPPET_OUTCOME
+    ours = DynamoDBClient(session=moto_session, endpoint_url=moto_endpoint)
+    try:
+        assert pydynox_style_snippet(ours, SyncDistributedLock, SyncTransaction, "port_fastlease") == SNIPPET_OUTCOME
+    finally:
+        ours.close()
+
+
+def test_transaction_expressions_positionally_or_by_either_keyword(ddb, results_table):
+    key, names, values = {"job_id": "daily"}, {"#r": "rows"}, {":n": 100}
+    forms = [
+        lambda tx: tx.update(results_table, key, "SET #r = :n", "attribute_not_exists(#r)", names, values),
+        lambda tx: tx.update(results_table, key, update="SET #r = :n", condition="attribute_not_exists(#r)",
+                             names=names, values=values),
+        lambda tx: tx.update(results_table, key, update_expression="SET #r = :n",
+                             condition_expression="attribute_not_exists(#r)",
+                             expression_attribute_names=names, expression_attribute_values=values),
+    ]
+    built = []
+    for form in forms:
+        tx = SyncTransaction(ddb)
+        form(tx)
+        built.append(tx)
+    assert built[0]._items == built[1]._items == built[2]._items
+    assert built[0]._items[0]["Update"]["ConditionExpression"] == "attribute_not_exists(#r)"
+    built[0].commit()
+    assert result_item(ddb) == {"job_id": {"S": "daily"}, "rows": {"N": "100"}}
+    with pytest.raises(TransactionCanceled):  # the positional condition is enforced: rows exists now
+        built[1].commit()
+    for form in (
+        lambda tx: tx.put(results_table, {**key, "rows": 7}, "#r = :n", names, values),
+        lambda tx: tx.condition_check(results_table, key, "#r = :n", names, {":n": 7}),
+        lambda tx: tx.delete(results_table, key, "#r = :n", names, {":n": 7}),
+    ):
+        tx = SyncTransaction(ddb)
+        form(tx)
+        tx.commit()
+    assert result_item(ddb) is None  # each positional condition held: put, checked, deleted
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda tx: tx.put("t_results", {"job_id": "a"}, "attribute_exists(job_id)",
+                       condition_expression="attribute_exists(job_id)"), "pass condition or condition_expression"),
+    (lambda tx: tx.delete("t_results", {"job_id": "a"}, names={"#j": "job_id"},
+                          expression_attribute_names={"#j": "job_id"}), "pass names or expression_attribute_names"),
+    (lambda tx: tx.update("t_results", {"job_id": "a"}), "needs the update expression"),
+    (lambda tx: tx.condition_check("t_results", {"job_id": "a"}), "needs the condition expression"),
+    (lambda tx: tx.put("t_results", {"job_id": "a"}, {"#j": "job_id"}), "condition expression must be a str"),
+    (lambda tx: tx.put("t_results", {"job_id": "a"}, "attribute_exists(#j)", "#j"),
+     "expression attribute names must be a mapping"),
+    (lambda tx: tx.put("t_results", {"job_id": "a"}, "#j = :v", {"#j": "job_id"}, [":v"]),
+     "expression attribute values must be a mapping"),
+])
+def test_transaction_arguments_that_cannot_be_meant_are_refused(ddb, build, message):
+    tx = SyncTransaction(ddb)
+    with pytest.raises(TypeError, match=message):
+        build(tx)
+    assert tx._items == []
+
+
+def test_sync_put_get_and_delete_item_with_positional_conditions(make_dynamodb):
+    client = make_dynamodb()
+    client.sync_create_table("orders", ("order_id", "S"))
+    failed = client.boto3_client.exceptions.ConditionalCheckFailedException
+    client.sync_put_item("orders", {"order_id": "1", "status": "new", "lines": ["a", "b"]})
+    with pytest.raises(failed):
+        client.sync_put_item("orders", {"order_id": "1"}, "attribute_not_exists(#o)", {"#o": "order_id"})
+    assert client.sync_get_item("orders", {"order_id": "1"}) == {"order_id": "1", "status": "new", "lines": ["a", "b"]}
+    with pytest.raises(failed):
+        client.sync_delete_item("orders", {"order_id": "1"}, "#s = :s", {"#s": "status"}, {":s": "paid"})
+    client.sync_delete_item("orders", {"order_id": "1"}, condition_expression="#s = :s",
+                            expression_attribute_names={"#s": "status"}, expression_attribute_values={":s": "new"})
+    assert client.sync_get_item("orders", {"order_id": "1"}) is None
+    client.sync_delete_item("orders", {"order_id": "1"})  # a missing item is no error
+    with pytest.raises(TypeError, match="item must be a mapping"):
+        client.sync_put_item("orders", [("order_id", "2")])
+    with pytest.raises(TypeError, match="condition expression must be a str"):
+        client.sync_delete_item("orders", {"order_id": "2"}, {"#s": "status"})
+
+
+def test_sync_get_item_sends_consistent_read_as_asked(make_dynamodb):
+    client = make_dynamodb()
+    client.sync_create_table("orders", ("order_id", "S"))
+    sent = []
+    client.boto3_client.meta.events.register(
+        "provide-client-params.dynamodb.GetItem", lambda params, **_: sent.append(params["ConsistentRead"]))
+    client.sync_get_item("orders", {"order_id": "1"})
+    client.sync_get_item("orders", {"order_id": "1"}, consistent_read=False)
+    client.sync_get_item("orders", {"order_id": "1"}, True)
+    assert sent == [True, False, True]  # strongly consistent unless asked otherwise
+    with pytest.raises(TypeError, match="consistent_read must be True or False, got 'yes'"):
+        client.sync_get_item("orders", {"order_id": "1"}, consistent_read="yes")
+
+
+def test_sync_create_table_with_a_sort_key_and_sync_delete_table(make_dynamodb):
+    client = make_dynamodb()
+    client.sync_create_table("events", ("stream", "S"), ("seq", "N"), wait=True, timeout_seconds=10)
+    table = client.boto3_client.describe_table(TableName="events")["Table"]
+    assert table["KeySchema"] == [{"AttributeName": "stream", "KeyType": "HASH"},
+                                  {"AttributeName": "seq", "KeyType": "RANGE"}]
+    assert sorted(table["AttributeDefinitions"], key=lambda d: d["AttributeName"]) == [
+        {"AttributeName": "seq", "AttributeType": "N"}, {"AttributeName": "stream", "AttributeType": "S"}]
+    assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+    client.sync_put_item("events", {"stream": "s", "seq": 2, "body": b"\x00"})
+    assert client.sync_get_item("events", {"stream": "s", "seq": 2})["body"].value == b"\x00"
+    client.sync_delete_table("events", wait=True, timeout_seconds=10)
+    assert client.sync_table_exists("events") is False
+    client.sync_create_table("events", partition_key=("stream", "S"), sort_key=("seq", "N"), wait=False)
+    assert client.sync_table_exists("events") is True
+    client.sync_delete_table("events", wait=False)
+    with pytest.raises(client.boto3_client.exceptions.ResourceNotFoundException):
+        client.sync_delete_table("events")
+
+
+@pytest.mark.parametrize(("arguments", "error", "message"), [
+    ({"partition_key": "id"}, TypeError, r"partition_key must be a \(name, type\) pair such as \('id', 'S'\), got"),
+    ({"partition_key": ("id",)}, TypeError, r"partition_key must be a \(name, type\) pair"),
+    ({"partition_key": ("", "S")}, TypeError, "partition_key name must be a non-empty str, got ''"),
+    ({"partition_key": ("id", "S"), "sort_key": "seq"}, TypeError, r"sort_key must be a \(name, type\) pair"),
+    ({"partition_key": ("id", "S"), "sort_key": ("seq", "X")}, ValueError, "sort key type must be 'S', 'N' or 'B'"),
+    ({"partition_key": ("id", "S"), "sort_key": ("id", "N")}, ValueError, "another attribute than partition_key"),
+    ({"partition_key": ("id", "S"), "wait": "yes"}, TypeError, "wait must be True or False, got 'yes'"),
+    ({"partition_key": ("id", "S"), "timeout_seconds": 0}, ValueError, "timeout_seconds must be positive"),
+    ({"partition_key": ("id", "S"), "timeout_seconds": "60"}, TypeError, "timeout_seconds must be a number"),
+])
+def test_sync_create_table_refuses_bad_keys_before_sending_anything(make_dynamodb, arguments, error, message):
+    client = make_dynamodb()
+    with pytest.raises(error, match=message):
+        client.sync_create_table("bad_table", **arguments)
+    assert client.sync_table_exists("bad_table") is False
+
+
+def test_async_item_helpers_delegate_to_the_sync_ones_on_the_clients_workers(make_dynamodb):
+    import asyncio
+    import threading
+
+    client = make_dynamodb()
+    client.sync_create_table("orders", ("order_id", "S"))
+    calls = []
+
+    def recorder(name):
+        sync = getattr(client, name)
+
+        def recording(*args):
+            calls.append((name, args, threading.current_thread().name))
+            return sync(*args)
+        return recording
+
+    for name in ("sync_get_item", "sync_put_item", "sync_delete_item"):
+        setattr(client, name, recorder(name))  # on the instance: the async forms must call through it
+
+    async def main():
+        await client.put_item("orders", {"order_id": "1", "n": 1}, "attribute_not_exists(#o)", {"#o": "order_id"})
+        got = await client.get_item("orders", {"order_id": "1"}, consistent_read=True)
+        with pytest.raises(client.boto3_client.exceptions.ConditionalCheckFailedException):
+            await client.delete_item("orders", {"order_id": "1"}, "#n = :n", {"#n": "n"}, {":n": 2})
+        await client.delete_item("orders", {"order_id": "1"})
+        return got, await client.get_item("orders", {"order_id": "1"})
+
+    assert asyncio.run(main()) == ({"order_id": "1", "n": 1}, None)
+    assert [(name, args) for name, args, _ in calls] == [
+        ("sync_put_item", ("orders", {"order_id": "1", "n": 1}, "attribute_not_exists(#o)", {"#o": "order_id"},
+                           None)),
+        ("sync_get_item", ("orders", {"order_id": "1"}, True)),
+        ("sync_delete_item", ("orders", {"order_id": "1"}, "#n = :n", {"#n": "n"}, {":n": 2})),
+        ("sync_delete_item", ("orders", {"order_id": "1"}, None, None, None)),
+        ("sync_get_item", ("orders", {"order_id": "1"}, True)),
+    ]
+    assert all(thread.startswith("fastlease-async_") for _, _, thread in calls)  # the client's pool, not the loop
