@@ -8,6 +8,10 @@ by an example are closed after it.
 A block that needs setup says so in an HTML comment on the line just before its fence (Markdown
 renders nothing for it). Several words may be combined, separated by spaces:
 
+Each block runs twice, as a user reruns a script: the second run gets a fresh namespace but the same
+working directory, the same moto state and the same Redis data, so an example that only works once
+(a table that already exists, a record stored by the first run) fails.
+
 ``<!-- test: dynamodb -->``
     runs inside moto's in-process ``mock_aws``, with fake credentials and ``AWS_DEFAULT_REGION`` set to
     ``us-east-1``. The example creates the tables it needs, as a real deployment script would.
@@ -159,13 +163,21 @@ def _run_in_namespace(chain: list[Block], setup: frozenset, request: pytest.Fixt
             admin.close()
         monkeypatch.setenv("REDIS_URL", url)
         module.__dict__["REDIS_URL"] = url
-    try:
-        for block in chain:
-            # Padding puts each line at its line number in the Markdown file, for tracebacks.
-            code = compile("\n" * block.line + block.code, str(block.path), "exec")
-            exec(code, module.__dict__)
-    finally:
-        _close_clients(module.__dict__)
+    initial = dict(module.__dict__)
+    for run in (1, 2):  # a rerun finds what the first run left: files, tables, records
+        module.__dict__.clear()
+        module.__dict__.update(initial)  # but a fresh namespace, as a new interpreter would have
+        try:
+            for block in chain:
+                # Padding puts each line at its line number in the Markdown file, for tracebacks.
+                code = compile("\n" * block.line + block.code, str(block.path), "exec")
+                exec(code, module.__dict__)
+        except BaseException as error:
+            if run == 2:
+                error.add_note(f"{chain[-1].id}: the example failed when run a second time")
+            raise
+        finally:
+            _close_clients(module.__dict__)
 
 
 def _close_clients(namespace: dict[str, Any]) -> None:

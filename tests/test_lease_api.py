@@ -210,6 +210,45 @@ def test_the_budget_in_the_message_is_the_one_given(make_client, clock, wait_tim
                 pass
 
 
+def test_an_unreachable_store_is_named_in_the_message_and_logged_once(make_client, clock, faults, caplog):
+    # Before, only "not acquired within 2s": the cause was in __cause__ alone.
+    client = make_client(clock=clock)
+    faults.add("put_if_absent", "unavailable", times=-1)
+    with caplog.at_level("WARNING", logger="fastlease"):
+        with pytest.raises(LockNotAcquired) as info:
+            with SyncDistributedLock(client, table="locks", key="k", wait_timeout=2):
+                pass
+    assert str(info.value) == ("lease on 'k' in table 'locks' not acquired within 2s; last store error: "
+                               "StoreError: injected: put_if_absent unavailable")
+    assert faults.calls["put_if_absent"] > 3  # retried inside the budget, as before
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"the store could not be reached for the whole wait: {info.value}"]
+
+
+def test_a_store_error_followed_by_plain_contention_is_not_blamed(make_client, clock, faults, caplog):
+    holder, contender = make_client(clock=clock), make_client(clock=clock)
+    with SyncDistributedLock(holder, table="locks", key="k", lease_duration=60):
+        faults.add("put_if_absent", "unavailable")  # the first attempt fails, later ones see the row
+        with caplog.at_level("WARNING", logger="fastlease"), pytest.raises(LockNotAcquired) as info:
+            with SyncDistributedLock(contender, table="locks", key="k", wait_timeout=1):
+                pass
+    assert str(info.value) == "lease on 'k' in table 'locks' not acquired within 1s"
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "reached" in r.getMessage()]
+
+
+def test_nesting_a_key_this_client_holds_says_guards_are_not_reentrant(make_client, clock):
+    client = make_client(clock=clock)
+    with SyncDistributedLock(client, table="locks", key="k", lease_duration=60):
+        with pytest.raises(LockNotAcquired, match="this client already holds that key .guards are not reentrant"):
+            with SyncDistributedLock(client, table="locks", key="k", wait_timeout=0.5):
+                pass
+        other = make_client(clock=clock)  # another client (another process) holds nothing itself
+        with pytest.raises(LockNotAcquired) as info:
+            with SyncDistributedLock(other, table="locks", key="k", wait_timeout=0.5):
+                pass
+        assert "already holds" not in str(info.value)
+
+
 def test_body_exceptions_propagate_unchanged_and_release_happens(make_client, store):
     client = make_client()
 
@@ -397,3 +436,35 @@ def test_an_acquisition_interrupted_after_its_write_leaves_no_row_and_no_renewal
     assert guard.state == "failed"
     assert store.rows("locks") == {}
     assert len(client.engine.scheduler) == 0
+
+
+def _duration_uses():
+    """Every public argument that takes seconds, as (api, argument name, call with one value)."""
+    from fastlease import DistributedLock, distributed_lock
+    from fastlease.idempotency import AsyncIdempotentCall, IdempotentCall, idempotent
+    from fastlease.idempotency.fastapi import idempotent_route
+
+    guards = {"SyncDistributedLock": SyncDistributedLock, "DistributedLock": DistributedLock,
+              "distributed_lock": distributed_lock}
+    records = {"IdempotentCall": IdempotentCall, "AsyncIdempotentCall": AsyncIdempotentCall,
+               "idempotent": idempotent, "idempotent_route": idempotent_route}
+    uses = []
+    for api, make in guards.items():
+        for name in ("lease_duration", "wait_timeout", "max_hold"):
+            uses.append((api, name, lambda client, value, make=make, name=name:
+                         make(client, table="locks", key="k", **{name: value})))
+    for api, make in records.items():
+        for name in ("lease_duration", "wait", "ttl"):
+            extra = {} if api == "idempotent_route" else {"key": "k"}
+            uses.append((api, name, lambda client, value, make=make, name=name, extra=extra:
+                         make(client, table="payments", **extra, **{name: value})))
+    return uses
+
+
+@pytest.mark.parametrize(("api", "name", "use"), _duration_uses(),
+                         ids=lambda value: value if isinstance(value, str) else "")
+def test_a_str_duration_is_a_type_error_in_every_api(make_client, api, name, use):
+    # One rule for every duration: before, ttl="60" raised ValueError where lease_duration="30" raised
+    # TypeError.
+    with pytest.raises(TypeError, match=f"^{name} must be a number of seconds, got str: '60'$"):
+        use(make_client(), "60")

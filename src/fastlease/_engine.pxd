@@ -141,7 +141,7 @@ cdef class Lease:
     cdef bint _reconcile_or_keep_pending(self, int64_t deadline_ns) except -1
     cdef object _reconcile_acquisition(self, int64_t deadline_ns)
     @cython.locals(start_ns=int64_t, deadline_ns=int64_t, backoff_ns=int64_t, delay_ns=int64_t,
-                   remaining_ns=int64_t, courtesy_ns=int64_t, acquired=bint, signals=ReleaseSignals)
+                   remaining_ns=int64_t, courtesy_ns=int64_t, acquired=bint, reached=bint, signals=ReleaseSignals)
     cpdef acquire(self)
     @cython.locals(now_ns=int64_t, remaining_ns=int64_t, seen_ns=int64_t, stored_lease_ms=int64_t)
     cdef bint _attempt(self, int64_t deadline_ns) except -1
@@ -179,6 +179,8 @@ cdef class RenewalScheduler:
     cpdef schedule(self, Lease lease, int64_t due_ns)
     @cython.locals(earliest=bint)
     cdef _push_locked(self, Lease lease, int64_t due_ns)
+    @cython.locals(other=Lease)
+    cpdef bint holds(self, tuple cache_key, Lease besides) except -1
     cpdef bint cancel(self, Lease lease) except -1
     @cython.locals(due_ns=int64_t, late_ns=int64_t)
     cdef Lease _pop_due(self, int64_t now_ns)

@@ -207,6 +207,13 @@ def check_key(key: object) -> str:
     return key
 
 
+def describe_store_error(error: BaseException) -> str:
+    """``StoreError`` text for messages, led by the type of the failure under it when there is one
+    (``ConnectionRefusedError: ...``), which is what a reader looks for first."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    return f"{type(cause).__name__}: {error}"
+
+
 def check_row(row: Any, key: str) -> None:
     """Strict protocol v1 parsing of a row read from a store: anything unexpected fails closed."""
     owner, version, lease_ms, protocol, waiting, fence = row
@@ -749,7 +756,8 @@ class Lease:
         start_ns = self._acquire_start_ns = self._mono()
         deadline_ns = start_ns + self.wait_ms * _NS_PER_MS
         backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
-        last_error: Optional[BaseException] = None
+        last_error: Optional[BaseException] = None  # the last attempt's store error; None once one got through
+        reached = False  # some attempt got an answer from the store
         signals = self._signals
         acquired = False
         try:
@@ -770,6 +778,8 @@ class Lease:
                         return
                     delay_ns = min(self._hint_ns, int(POLL_INTERVAL_MS * _NS_PER_MS * (0.5 + random.random())))
                     backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
+                    last_error = None
+                    reached = True
                 except StoreError as error:
                     last_error = error
                     delay_ns = int(backoff_ns * (0.5 + random.random()))
@@ -795,10 +805,15 @@ class Lease:
             raise LockNotAcquired(f"acquisition of {self.key!r} in table {self.table!r} was cancelled", key=self.key)
         self._wait_timeouts += 1
         budget = seconds_text(self.wait_ms * _NS_PER_MS)
-        raise LockNotAcquired(
-            f"lease on {self.key!r} in table {self.table!r} not acquired within {budget}",
-            key=self.key,
-        ) from last_error
+        message = f"lease on {self.key!r} in table {self.table!r} not acquired within {budget}"
+        if last_error is not None:
+            message += f"; last store error: {describe_store_error(last_error)}"
+            if not reached:
+                _log.warning("the store could not be reached for the whole wait: %s", message)
+        elif self._scheduler.holds(self._cache_key, self):
+            message += ("; this client already holds that key (guards are not reentrant: the holder may be "
+                        "an outer block of this very thread)")
+        raise LockNotAcquired(message, key=self.key) from last_error
 
     def cancel(self) -> None:
         """Give up an acquisition from any thread. The waiting stops at its next step, and a write
@@ -1412,6 +1427,16 @@ class RenewalScheduler:
             self._thread.start()
         elif earliest:
             self._wake.set()
+
+    def holds(self, cache_key: tuple[str, str], besides: Lease) -> bool:
+        """Whether a lease of this client other than ``besides`` holds ``cache_key`` now: every held
+        lease has a renewal entry. Only for messages (a scan of the heap), never on a hold's path."""
+        with self._mutex:
+            for entry in self._heap:
+                other = entry[2]
+                if other is not besides and other._cache_key == cache_key and other.state == HELD:
+                    return True
+        return False
 
     def cancel(self, lease: Lease) -> bool:
         """Unschedule ``lease``; True if a worker is running its renewal step right now."""

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Type, TypeVar
 
 from .client import LeaseClient
-from .exceptions import TransactionCanceled
+from .exceptions import StoreConfigurationError, StoreRequestRejected, TransactionCanceled
 from .stores.dynamodb import Boto3Transport, DynamoDBStore, _import_boto3, _int_or_raw, condition_check
 
 if TYPE_CHECKING:
@@ -79,14 +79,23 @@ class DynamoDBClient(LeaseClient):
         if boto3_client is not None and (session is not None or endpoint_url is not None or region_name is not None):
             raise ValueError("pass either a boto3 client or session/endpoint_url/region_name, not both")
         if boto3_client is None:
+            from botocore.exceptions import NoRegionError
+
             session = session if session is not None else boto3.session.Session()
-            boto3_client = session.client("dynamodb", endpoint_url=endpoint_url, region_name=region_name)
+            try:
+                boto3_client = session.client("dynamodb", endpoint_url=endpoint_url, region_name=region_name)
+            except NoRegionError:
+                raise StoreConfigurationError(
+                    "DynamoDBClient needs an AWS Region and none is configured: set AWS_REGION (or "
+                    "AWS_DEFAULT_REGION), `region` in ~/.aws/config for your profile, or pass region_name=..."
+                ) from None
         elif getattr(getattr(boto3_client, "meta", None), "service_model", None) is None or (
             boto3_client.meta.service_model.service_name != "dynamodb"
         ):
             raise TypeError(f"boto3_client must be a boto3 DynamoDB client, got {type(boto3_client).__name__}")
         if type(fast_path) is not bool:
             raise TypeError(f"fast_path must be True or False, got {fast_path!r}")
+        _check_credentials(boto3_client)
         self.boto3_client = boto3_client
         transport: Any = None
         if fast_path:
@@ -158,13 +167,23 @@ class DynamoDBClient(LeaseClient):
 
     # ---- tables (deployment-time helpers; lock operations never call these) ----------------------
     def create_lock_table(self, name: str, *, wait: bool = True) -> None:
-        """Create a lock table: string partition key ``key``, no sort key, on-demand, TTL disabled."""
+        """Create a lock table: string partition key ``key``, no sort key, on-demand, TTL disabled. An
+        existing table with that key schema is fine (a rerun); another schema raises StoreRequestRejected."""
         self.sync_create_table(name, partition_key=("key", "S"), wait=wait)
 
     def create_idempotency_table(self, name: str, *, wait: bool = True) -> None:
         """Create an idempotency record table (never a lock table): partition key ``key``, on-demand,
-        with DynamoDB's TTL on ``expires_at`` (Unix seconds) so expired records are deleted for free."""
+        with DynamoDB's TTL on ``expires_at`` (Unix seconds) so expired records are deleted for free. An
+        existing table with that key and TTL is fine (a rerun); anything else raises StoreRequestRejected."""
         self.sync_create_table(name, partition_key=("key", "S"), wait=wait)
+        ttl = self.boto3_client.describe_time_to_live(TableName=name).get("TimeToLiveDescription", {})
+        if ttl.get("TimeToLiveStatus") in ("ENABLED", "ENABLING"):
+            if ttl.get("AttributeName") != "expires_at":  # (a rerun finds it enabled already: fine)
+                raise StoreRequestRejected(
+                    f"DynamoDB table {name!r} has TTL on {ttl.get('AttributeName')!r}; idempotency records "
+                    "expire on 'expires_at': use another table, or change its TTL attribute"
+                )
+            return
         self.boto3_client.update_time_to_live(
             TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"}
         )
@@ -211,7 +230,8 @@ class DynamoDBClient(LeaseClient):
         """Create an on-demand table keyed by ``partition_key`` and, if given, ``sort_key``: each a (name,
         type) pair, type ``"S"``, ``"N"`` or ``"B"``, e.g. ``sync_create_table("orders", ("pk", "S"), ("sk",
         "N"))``. ``wait`` (True by default, unlike pydynox) returns once the table is active, polling each
-        second for at most ``timeout_seconds`` (25 s by default)."""
+        second for at most ``timeout_seconds`` (25 s by default). A table that exists already with this key
+        schema is fine; one with another raises StoreRequestRejected, naming both schemas."""
         self.engine_module.check_table(name)
         partition = _key_attribute("partition_key", partition_key)
         keys = [(partition, "HASH")]
@@ -221,12 +241,24 @@ class DynamoDBClient(LeaseClient):
                 raise ValueError(f"sort_key must name another attribute than partition_key, both are {sort[0]!r}")
             keys.append((sort, "RANGE"))
         _check_wait(wait, timeout_seconds)
-        self.boto3_client.create_table(
-            TableName=name,
-            AttributeDefinitions=[{"AttributeName": attribute, "AttributeType": kind} for (attribute, kind), _ in keys],
-            KeySchema=[{"AttributeName": attribute, "KeyType": role} for (attribute, _), role in keys],
-            BillingMode="PAY_PER_REQUEST",
-        )
+        client = self.boto3_client
+        try:
+            client.create_table(
+                TableName=name,
+                AttributeDefinitions=[{"AttributeName": attribute, "AttributeType": kind}
+                                      for (attribute, kind), _ in keys],
+                KeySchema=[{"AttributeName": attribute, "KeyType": role} for (attribute, _), role in keys],
+                BillingMode="PAY_PER_REQUEST",
+            )
+        except client.exceptions.ResourceInUseException:
+            # It exists already (a second run of a deployment script): fine if it has this key schema.
+            existing = _key_schema(client.describe_table(TableName=name)["Table"])
+            wanted = [(attribute, kind, role) for (attribute, kind), role in keys]
+            if existing != wanted:
+                raise StoreRequestRejected(
+                    f"DynamoDB table {name!r} already exists with key schema {_schema_text(existing)}, not "
+                    f"{_schema_text(wanted)}: use another table name, or delete that table first"
+                ) from None
         if wait:
             self._wait_for("table_exists", name, timeout_seconds)
 
@@ -325,6 +357,34 @@ def _key_attribute(argument: str, pair: Any) -> tuple[str, str]:
         label = argument.replace("_", " ")
         raise ValueError(f"{label} type must be 'S', 'N' or 'B' (string, number, binary), got {kind!r:.80}")
     return attribute, kind
+
+
+def _check_credentials(boto3_client: Any) -> None:
+    """StoreConfigurationError if the client resolved no credentials. botocore resolves them when it
+    makes the client, so this reads what it found and sends nothing (unsigned clients need none)."""
+    from botocore import UNSIGNED
+
+    if getattr(boto3_client.meta.config, "signature_version", None) is UNSIGNED:
+        return
+    signer = getattr(boto3_client, "_request_signer", None)
+    if signer is not None and getattr(signer, "_credentials", False) is None:
+        raise StoreConfigurationError(
+            "DynamoDBClient found no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+            "AWS_PROFILE for a profile in ~/.aws/credentials, or run where a role provides them (an ECS task "
+            "role, Lambda, an EC2 instance profile). A local endpoint (moto, DynamoDB Local) takes any values"
+        )
+
+
+def _key_schema(description: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(attribute, type, HASH or RANGE) of a DescribeTable result's key, partition key first."""
+    types = {item["AttributeName"]: item["AttributeType"] for item in description.get("AttributeDefinitions", [])}
+    schema = sorted(description.get("KeySchema", []), key=lambda item: item["KeyType"] != "HASH")
+    return [(item["AttributeName"], types.get(item["AttributeName"], "?"), item["KeyType"]) for item in schema]
+
+
+def _schema_text(schema: list[tuple[str, str, str]]) -> str:
+    return " + ".join(f"{attribute} ({kind}, {'partition' if role == 'HASH' else 'sort'} key)"
+                      for attribute, kind, role in schema)
 
 
 def _check_wait(wait: bool, timeout_seconds: Optional[float]) -> None:

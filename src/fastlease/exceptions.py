@@ -19,6 +19,7 @@ __all__ = [
     "MalformedLockRow",
     "StoreError",
     "StoreRequestRejected",
+    "StoreConfigurationError",
     "TransactionCanceled",
     "LOST_CAUSES",
 ]
@@ -71,6 +72,11 @@ class StoreError(FastleaseError):
 
 class StoreRequestRejected(FastleaseError):
     """The store refused a request for a reason waiting cannot fix (missing table, access denied, ...)."""
+
+
+class StoreConfigurationError(StoreRequestRejected):
+    """A store client cannot be made from the settings it found (no AWS Region, no credentials, ...):
+    the message names what is missing and how to set it. Raised when the client is constructed."""
 
 
 class TransactionCanceled(FastleaseError):

@@ -39,6 +39,12 @@ class RedisClient(LeaseClient):
                 raise ValueError(f"RedisClient: bad Redis URL {_safe_url(redis_or_url)!r}: {error}") from None
         elif isinstance(redis_or_url, redis.Redis):
             client = redis_or_url
+        elif type(redis_or_url).__module__.startswith("redis.asyncio"):
+            raise TypeError(
+                f"RedisClient takes a sync redis.Redis client (or a redis:// URL), got {type(redis_or_url).__name__} "
+                "from redis.asyncio: fastlease's async API (DistributedLock, async decorators) runs the sync client "
+                "on worker threads, so one client serves both. Pass redis.Redis(...) with the same settings"
+            )
         else:
             raise TypeError(
                 "RedisClient takes a redis:// URL or a redis.Redis client, got "

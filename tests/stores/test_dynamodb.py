@@ -113,6 +113,65 @@ def test_a_missing_table_fails_at_once_and_is_never_created(make_dynamodb):
     assert clock.monotonic_ns() == before  # no waiting: retrying cannot create a table
     assert info.value.key == "k"
     assert client.lock_table_exists("no_such_table") is False
+    # The table is named, and how to create it: with idempotency, two tables could be missing.
+    assert "table 'no_such_table' does not exist" in str(info.value)
+    assert "create_lock_table" in str(info.value) and "create_idempotency_table" in str(info.value)
+
+
+def test_a_missing_record_table_is_named_in_an_idempotent_call(make_dynamodb):
+    from fastlease.idempotency import IdempotentCall
+
+    client = make_dynamodb()
+    client.create_lock_table("payments_locks")
+    with pytest.raises(StoreRequestRejected, match="table 'payments' does not exist"):
+        with IdempotentCall(client, table="payments", key="k") as call:
+            call.complete("done")
+
+
+def test_creating_tables_again_succeeds_and_a_different_schema_is_refused(make_dynamodb):
+    # A deployment script (and the README's quick start) run twice: the tables exist already.
+    client = make_dynamodb()
+    for _ in range(2):
+        client.create_lock_table("locks")
+        client.create_idempotency_table("records")
+        client.sync_create_table("orders", ("pk", "S"), ("sk", "N"))
+    ttl = client.boto3_client.describe_time_to_live(TableName="records")["TimeToLiveDescription"]
+    assert ttl["AttributeName"] == "expires_at"
+    with pytest.raises(StoreRequestRejected) as info:
+        client.create_lock_table("orders")
+    assert str(info.value) == (
+        "DynamoDB table 'orders' already exists with key schema pk (S, partition key) + sk (N, sort key), "
+        "not key (S, partition key): use another table name, or delete that table first")
+    with pytest.raises(StoreRequestRejected, match="with key schema pk \\(S, partition key\\) \\+ sk"):
+        client.sync_create_table("orders", ("pk", "S"), ("sk", "S"))
+    client.boto3_client.update_time_to_live(
+        TableName="locks", TimeToLiveSpecification={"Enabled": True, "AttributeName": "gone_at"})
+    with pytest.raises(StoreRequestRejected, match="has TTL on 'gone_at'"):
+        client.create_idempotency_table("locks")
+
+
+@pytest.mark.parametrize("missing", ["region", "credentials"])
+def test_a_client_without_region_or_credentials_says_what_to_set(monkeypatch, tmp_path, missing):
+    from fastlease.exceptions import StoreConfigurationError
+
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                 "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))  # nothing configured
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance metadata request from a test
+    if missing == "credentials":
+        monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    with pytest.raises(StoreConfigurationError) as info:
+        DynamoDBClient()
+    assert isinstance(info.value, StoreRequestRejected)  # what store misconfiguration raised before
+    if missing == "region":
+        assert "needs an AWS Region" in str(info.value) and "AWS_REGION" in str(info.value)
+    else:
+        assert "found no AWS credentials" in str(info.value) and "AWS_ACCESS_KEY_ID" in str(info.value)
+    with pytest.raises(StoreConfigurationError):  # the same for a boto3 client made without them
+        DynamoDBClient(boto3.client("dynamodb", region_name=REGION))
 
 
 def test_abandoned_row_is_taken_over_after_its_lease(make_dynamodb):

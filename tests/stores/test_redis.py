@@ -261,6 +261,18 @@ def test_bad_constructor_arguments_are_clear(core):
         RedisClient("redis://127.0.0.1:1/0", wake_on_release="yes", _engine_module=core)
 
 
+def test_an_asyncio_redis_client_is_refused_with_the_reason(core):
+    # Before: "... got Redis", which reads as if a redis.Redis had been refused.
+    import redis.asyncio
+
+    async_client = redis.asyncio.Redis.from_url("redis://127.0.0.1:1/0")
+    with pytest.raises(TypeError) as info:
+        RedisClient(async_client, _engine_module=core)
+    message = str(info.value)
+    assert "from redis.asyncio" in message and "runs the sync client on worker threads" in message
+    assert "Pass redis.Redis(...)" in message
+
+
 # ---- wake-up on release --------------------------------------------------------------------------
 def test_a_release_wakes_a_waiter_of_another_client_through_the_feed(make_redis):
     holder, waiter_client = make_redis(), make_redis()

@@ -172,6 +172,16 @@ def test_bad_paths_raise_value_error_naming_the_path(core, tmp_path):
         SQLiteClient(42, _engine_module=core)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("name", [":memory:", "", "file::memory:?cache=shared", "file:locks.db"])
+def test_an_in_memory_database_is_refused_and_points_to_memory_client(core, tmp_path, monkeypatch, name):
+    # Before, SQLiteClient(":memory:") created files literally named ':memory:*' in the directory.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="use MemoryClient\\(\\) instead") as info:
+        SQLiteClient(name, _engine_module=core)
+    assert repr(name) in str(info.value)
+    assert list(tmp_path.iterdir()) == []  # nothing created
+
+
 @pytest.mark.parametrize("table", ["ab", 'x"; DROP TABLE t; --', "a b c", "é" * 5, ""])
 def test_bad_table_names_are_refused_before_any_sql(make_sqlite, db, table):
     client = make_sqlite()

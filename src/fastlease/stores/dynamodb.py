@@ -145,6 +145,18 @@ class Boto3Transport:
             raise StoreError(f"DynamoDB {operation} failed after sending: {error}", maybe_committed=True) from error
 
 
+def rejection(error: ServiceError, operation: str, key: str, tables: list[Any]) -> StoreRequestRejected:
+    """The StoreRequestRejected for an error response that waiting cannot fix, naming the table(s);
+    for a missing table, how to create it (lock operations never create tables)."""
+    named = " or ".join(repr(table) for table in dict.fromkeys(tables) if table)
+    if error.code == "ResourceNotFoundException":
+        return StoreRequestRejected(
+            f"DynamoDB table {named} does not exist ({operation} on {key!r}: {error}). Create it once, at "
+            "deployment: client.create_lock_table(name) for a lock table, client.create_idempotency_table(name) "
+            "for idempotency records; or `fastlease create-table NAME` for a lock table", key=key)
+    return StoreRequestRejected(f"DynamoDB rejected {operation} on {key!r} in table {named}: {error}", key=key)
+
+
 def classify_unsent(operation: str, error: Exception) -> Optional[Exception]:
     """The fastlease error for a botocore error raised before the request was sent (so it cannot have
     been applied), or None if ``error`` is not one of those. Shared by both transports."""
@@ -270,7 +282,7 @@ class DynamoDBStore:
                 raise StoreError(f"DynamoDB {operation} throttled: {error}", key=key, maybe_committed=False) from error
             if error.code in SERVER_ERROR_CODES or error.status >= 500:
                 raise StoreError(f"DynamoDB {operation} failed: {error}", key=key, maybe_committed=True) from error
-            raise StoreRequestRejected(f"DynamoDB rejected {operation} on {key!r}: {error}", key=key) from error
+            raise rejection(error, operation, key, [params.get("TableName")]) from error
         except StoreError as error:
             _log.debug("%s %r -> %s", operation, key, error)
             error.key = key
@@ -424,7 +436,8 @@ class DynamoDBStore:
             if error.code in SERVER_ERROR_CODES or error.status >= 500:
                 raise StoreError(f"DynamoDB TransactWriteItems on {key!r} failed: {error}", key=key,
                                  maybe_committed=True) from error
-            raise StoreRequestRejected(f"DynamoDB rejected the record of {key!r}: {error}", key=key) from error
+            tables = [next(iter(item.values())).get("TableName") for item in params.get("TransactItems", [])]
+            raise rejection(error, "TransactWriteItems", key, tables) from error
         except StoreError as error:  # from the transport: not sent, or no answer
             _log.debug("TransactWriteItems %r -> %s", key, outcome_for_log(error))
             raise

@@ -163,6 +163,14 @@ class SQLiteStore:
             )
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"SQLiteClient takes a file path, got {type(path).__name__}: {path!r:.80}")
+        named = os.fspath(path)
+        if named in ("", ":memory:", b"", b":memory:") or str(named).startswith("file:"):
+            # sqlite3 would open a private in-memory database (or a URI) here: this store opens the
+            # path itself, so it would create files literally named ':memory:...' instead.
+            raise ValueError(
+                f"SQLiteClient needs the path of a database file that every process can open, got {named!r}; "
+                "for leases within one process (tests), use MemoryClient() instead"
+            )
         self.path = os.path.abspath(os.fspath(path))
         directory = os.path.dirname(self.path)
         if not os.path.isdir(directory):
