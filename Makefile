@@ -12,12 +12,15 @@ BUILD_INPUTS := pyproject.toml setup.py src/fastlease/_core.pyx src/fastlease/_c
 
 .PHONY: test test-all-pythons demo bench chaos clean redis-server wheel
 
+# The first run is a silent minute (venv, pip, compiling the core): each step says so before it starts.
 $(PY):
+	@echo "creating $(VENV) (first run only)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 
 # Reinstalling (editable) rebuilds the compiled core whenever its source or the build files change.
 $(INSTALLED): $(PY) $(BUILD_INPUTS)
+	@echo "installing fastlease into $(VENV) and compiling its core: about a minute, and pip is quiet meanwhile"
 	$(PY) -m pip install -q -e . --group test --group bench
 	touch $@
 

@@ -3,9 +3,12 @@ and the one store factory that the inspecting commands and the demo share."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import uuid
@@ -13,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from fastlease import SQLiteClient, SyncDistributedLock, cli, demo
+import fastlease as fastlease_package
+from fastlease import SQLiteClient, SyncDistributedLock, _impl, cli, demo
 from fastlease._store_factory import StoreOptions, client_from_options
 from fastlease.exceptions import LockLost
 from fastlease.memory import MemoryClient
@@ -86,9 +90,6 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
                    "no SQLite lock file at 'missing.db'")
     (tmp_path / "corrupt.db").write_bytes(b"not a database, only text " * 300)
     one_line_error(fastlease("list", "--table", "locks", "--path", "corrupt.db", cwd=tmp_path), "is unusable")
-    SQLiteClient(tmp_path / "locks.db").close()
-    one_line_error(fastlease("list", "--table", "bad name", "--path", "locks.db", cwd=tmp_path),
-                   "table must be 3-255 characters")
     one_line_error(fastlease("list", "--table", "locks", "--store", "nope", cwd=tmp_path), "unknown store 'nope'")
     one_line_error(fastlease("demo", "--store", "nope", cwd=tmp_path), "unknown store 'nope'")
     one_line_error(fastlease("status", "k", "--table", "locks", "--store", "redis", "--url",
@@ -99,6 +100,189 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
     one_line_error(fastlease("demo", "--workers", "1", cwd=tmp_path), "--workers must be an integer from 2 to 64")
     usage = fastlease("status", cwd=tmp_path)  # a bad command line: argparse's usage message, exit 2
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
+
+
+# ---- keys and tables: the library's own rules ----------------------------------------------------------
+LONG_KEY = "k" * 3000
+
+
+@pytest.mark.parametrize("argv, argument, rule", [
+    (["status", "", "--table", "locks"], "KEY", ("check_key", "")),
+    (["status", LONG_KEY, "--table", "locks"], "KEY", ("check_key", LONG_KEY)),
+    (["status", "k", "--table", "ab"], "--table", ("check_table", "ab")),
+    (["release", "", "--table", "locks", "--force"], "KEY", ("check_key", "")),
+    (["release", LONG_KEY, "--table", "locks", "--force"], "KEY", ("check_key", LONG_KEY)),
+    (["release", "k", "--table", "a:b", "--force"], "--table", ("check_table", "a:b")),
+    (["list", "--table", "bad name"], "--table", ("check_table", "bad name")),
+    (["create-table", "ab"], "NAME", ("check_table", "ab")),
+], ids=["status-empty-key", "status-long-key", "status-table", "release-empty-key", "release-long-key",
+        "release-table", "list-table", "create-table-name"])
+def test_a_key_or_table_the_library_refuses_is_a_bad_command_line(tmp_path, monkeypatch, capsys, argv, argument,
+                                                                    rule):
+    """Checked with the engine's own rules before any store is reached: the working directory has no
+    ./fastlease.db, so a store request would fail with another message (and exit 1)."""
+    monkeypatch.chdir(tmp_path)
+    check, value = rule
+    with pytest.raises(ValueError) as refused:
+        getattr(_impl.core, check)(value)
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert captured.err == f"fastlease {argv[0]}: error: argument {argument}: {refused.value}\n"
+    assert list(tmp_path.iterdir()) == []  # no lock file was made or opened
+
+
+def test_fastlease_status_of_an_empty_key_exits_2_with_one_line(tmp_path):
+    SQLiteClient(tmp_path / "fastlease.db").close()  # the store exists: only the key is wrong
+    result = fastlease("status", "", "--table", "locks", cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == "fastlease status: error: argument KEY: lock key must be 1-2048 UTF-8 bytes, got 0: ''\n"
+
+
+# ---- an unreachable store ---------------------------------------------------------------------------------
+@pytest.fixture
+def free_port() -> int:
+    """A 127.0.0.1 port nobody listens on: bound by the OS, then closed."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("store, name, option, address, cause", [
+    ("redis", "Redis", "--url", "redis://127.0.0.1:{port}/0",
+     "ConnectionError: Error 111 connecting to 127.0.0.1:{port}. Connection refused."),
+    ("dynamodb", "DynamoDB", "--endpoint-url", "http://127.0.0.1:{port}",
+     'EndpointConnectionError: Could not connect to the endpoint URL: "http://127.0.0.1:{port}/"'),
+], ids=["redis", "dynamodb"])
+def test_demo_on_an_unreachable_store_is_one_line_before_any_worker_starts(tmp_path, free_port, store, name, option,
+                                                                            address, cause):
+    """Nothing is printed before the line (no worker started), and it names the store, the address and
+    the error."""
+    address, cause = address.format(port=free_port), cause.format(port=free_port)
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    for output in ([], ["--json"]):
+        result = fastlease("demo", "--store", store, option, address, *output, cwd=tmp_path, env=env)
+        one_line_error(result, f"fastlease demo: error: cannot reach the store ({name} at {address}): ")
+        assert cause in result.stderr
+
+
+def test_demo_hides_the_password_of_a_redis_url(tmp_path, free_port):
+    result = fastlease("demo", "--store", "redis", "--url", f"redis://:pw-secret@127.0.0.1:{free_port}/0",
+                       cwd=tmp_path)
+    one_line_error(result, f"(Redis at redis://:***@127.0.0.1:{free_port}/0)")
+    assert "pw-secret" not in result.stderr
+
+
+def test_workers_whose_store_fails_never_acquire_and_are_not_ok(free_port):
+    """A store that goes away after the check: every wait ends on store errors. Each worker is then
+    'never acquired', and the errors (which make the command exit 1) say why."""
+    lines: list[str] = []
+    summary = demo._contend(StoreOptions("redis", url=f"redis://127.0.0.1:{free_port}/0"), 2, 2.0, lines.append)
+    assert [row["status"] for row in summary["workers"]] == ["never acquired", "never acquired"]
+    assert all(row["acquisitions"] == 0 and row["timeouts"] >= 1 for row in summary["workers"])
+    assert len(summary["errors"]) == 2
+    for index, error in enumerate(summary["errors"]):
+        assert error.startswith(f"worker {index} never acquired a lease: the store failed its requests (last error: ")
+        assert "Connection refused" in error
+    assert f"error: {summary['errors'][0]}" in lines
+
+
+def test_a_worker_that_lost_every_turn_is_never_acquired_but_no_error():
+    """Many workers in a short run: losing every turn to the others is contention, not a failure."""
+    stats = [{"acquisitions": count, "status": status} for count, status in [(3, "ok"), (0, "ok"), (2, "killed")]]
+    assert demo._never_acquired(stats, {}, 2.0) == []
+    assert [row["status"] for row in stats] == ["ok", "never acquired", "killed"]
+    nobody = [{"acquisitions": 0, "status": "ok"} for _ in range(2)]
+    assert demo._never_acquired(nobody, {}, 2.0) == ["no worker acquired a lease in 2 s"]
+
+
+# ---- the summary ---------------------------------------------------------------------------------------
+SUMMARY = {
+    "store": "sqlite", "errors": [],
+    "workers": [{"acquisitions": 9, "contended": 4, "wait_ms": 812.4, "renewals": 6, "timeouts": 0, "status": "ok"},
+                {"acquisitions": 5, "contended": 2, "wait_ms": 90.0, "renewals": 3, "timeouts": 1, "status": "killed"}],
+    "killed": {"worker": 1, "customer": "acme", "at": 12.0, "takeover_s": 0.74, "taken_by": 0},
+}
+
+
+def printed_summary(summary: dict) -> list[str]:
+    lines: list[str] = []
+    demo._print_table(summary, lines.append)
+    return lines
+
+
+LEGEND_LINE = re.compile(r"^  (\S+(?: \S+)?) {2,}(\S.*)$")  # "  wait ms       time spent ..."
+
+
+def test_the_summary_explains_every_column_under_the_table():
+    lines = printed_summary(SUMMARY)
+    columns = ["acquisitions", "contended", "wait ms", "renewals", "timeouts", "status"]
+    assert re.split(r" {2,}", lines[1]) == ["worker", *columns]
+    assert lines[2:4] == ["     0             9          4      812         6         0  ok",
+                          "     1             5          2       90         3         1  killed"]
+    legend = dict(LEGEND_LINE.match(line).groups() for line in lines[4:4 + len(columns)])
+    assert list(legend) == columns
+    assert legend["contended"] == "of those, acquisitions that found the key held and waited for it"
+    assert legend["wait ms"] == "time spent waiting for the lease, summed over the worker's acquisitions"
+    assert legend["timeouts"] == "attempts that gave up after waiting 3 s without getting the lease"
+    assert "never acquired (no lease in the whole run)" in legend["status"]
+
+
+def test_the_takeover_line_says_from_when_it_was_counted():
+    lines = printed_summary(SUMMARY)
+    start = lines.index("takeover: worker 0 took acme over 0.74 s after worker 1 was killed")
+    assert lines[start + 1:] == [
+        "  counted from the holder's last confirmed write, its last renewal (one every 0.33 s), not from the kill:",
+        "  the takeover comes at least one lease (1 s) after that write, which can be before the kill",
+    ]
+
+
+def test_fastlease_version(tmp_path):
+    result = fastlease("--version", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == f"fastlease {fastlease_package.__version__}\n"
+    assert importlib.metadata.version("fastlease") == fastlease_package.__version__
+
+
+def parsers(parser: argparse.ArgumentParser, name: str):
+    """``parser`` and every subcommand's parser below it, with their command names."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command, subparser in action.choices.items():
+                yield from parsers(subparser, f"{name} {command}")
+
+
+def test_every_option_and_command_has_a_help_text():
+    missing = []
+    for name, parser in parsers(cli._parser(), "fastlease"):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                actions = action._choices_actions  # one per subcommand: its help in the list of commands
+            else:
+                actions = [action]
+            for each in actions:
+                if not each.help or each.help == argparse.SUPPRESS:
+                    missing.append(f"{name} {'/'.join(each.option_strings) or each.metavar or each.dest}")
+    assert missing == []
+    assert len(list(parsers(cli._parser(), "fastlease"))) == 1 + len(cli.COMMANDS)
+
+
+# ---- make demo --------------------------------------------------------------------------------------------
+def test_make_demo_says_what_it_does_before_the_silent_setup(tmp_path):
+    """``make -n`` with a venv that does not exist yet: the commands a first ``make demo`` runs, in order."""
+    root = Path(__file__).resolve().parent.parent
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
+    result = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(root), "demo",
+                             f"VENV={tmp_path / 'venv'}"], capture_output=True, text=True, timeout=60, env=env,
+                            check=True)
+    commands = result.stdout.splitlines()
+    setup = [index for index, command in enumerate(commands) if " -m venv " in command or " -m pip " in command]
+    assert setup and commands[-1].endswith("fastlease demo"), commands
+    first = commands[0]
+    assert first.startswith("echo ") and "first run" in first and setup[0] == 1, commands
+    install = next(index for index, command in enumerate(commands) if "pip install -q -e ." in command)
+    assert commands[install - 1].startswith("echo ") and "about a minute" in commands[install - 1], commands
 
 
 @pytest.mark.posix  # the demo SIGKILLs a worker
@@ -159,7 +343,10 @@ def test_text_demo_prints_progress_and_the_table(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "acquisitions ·" in result.stdout  # progress lines
     assert "worker  acquisitions  contended" in result.stdout
+    assert "  contended     of those, acquisitions that found the key held and waited for it\n" in result.stdout
     assert "takeover: worker" in result.stdout
+    assert "  counted from the holder's last confirmed write, its last renewal" in result.stdout
+    assert "(the lease runs from its last renewal, not from the kill)" in result.stdout  # the progress line
 
 
 def test_create_table_status_and_list_on_dynamodb(tmp_path, moto_endpoint, moto_session):

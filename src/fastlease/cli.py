@@ -5,14 +5,16 @@
     fastlease list --table T [store options]
     fastlease release KEY --table T --force [store options]
     fastlease demo [--store sqlite|dynamodb|redis|memory] [--workers N] [--seconds S]
+    fastlease --version
 
 Store options: ``--store sqlite`` (the default; ``--path``, default ``./fastlease.db``), ``--store
 dynamodb`` (``--endpoint-url``, ``--region``; credentials from the usual AWS chain) or ``--store redis``
 (``--url``, default ``$FASTLEASE_REDIS_URL`` or ``redis://127.0.0.1:6379/0``). The demo takes the same
 options, built into a client by the same factory (``_store_factory.py``); where one is left out, it
 makes a temporary file or starts a server of its own. Every command takes ``--json``. User errors
-print one line and exit 1 (2 for a bad command line), never a traceback; nothing is deleted without
-``--force``.
+print one line and exit 1, never a traceback; a bad command line exits 2, and so does a key or table
+name that the library would refuse (checked with the engine's own rules before any store is reached).
+Nothing is deleted without ``--force``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, cast
 
-from . import demo
+from . import __version__, _impl, demo
 from ._store_factory import (
     DEFAULT_REDIS_URL,
     DEFAULT_SQLITE_PATH,
@@ -48,8 +50,20 @@ class UserError(Exception):
     """A problem with what the user asked for: printed as one line, exit status 1."""
 
 
+class BadArgument(Exception):
+    """A command-line value the library would refuse (a key, a table name): one line, exit status 2."""
+
+
+#: Help texts shared by the commands that take the argument.
+KEY_HELP = "the lock key: 1-2,048 UTF-8 bytes"
+TABLE_RULE = "3-255 characters of A-Z a-z 0-9 _ . -"
+TABLE_HELP = f"the lock table: {TABLE_RULE}"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastlease", description="Distributed leases: inspect, operate, demo.")
+    parser.add_argument("--version", action="version", version=f"fastlease {__version__}",
+                        help="print the version of fastlease and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add_store_options(command: argparse.ArgumentParser, stores: Sequence[str]) -> None:
@@ -64,31 +78,52 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--json", action="store_true", help="print JSON")
 
     create = commands.add_parser("create-table", help="create a DynamoDB lock table")
-    create.add_argument("name")
-    create.add_argument("--endpoint-url")
-    create.add_argument("--region")
+    create.add_argument("name", metavar="NAME", help=f"the new table's name: {TABLE_RULE}")
+    create.add_argument("--endpoint-url", help="DynamoDB endpoint (default: the AWS configuration)")
+    create.add_argument("--region", help="DynamoDB Region (default: the AWS configuration)")
     create.add_argument("--json", action="store_true", help="print JSON")
 
     status = commands.add_parser("status", help="who holds a key, and since when this host has seen it unchanged")
-    status.add_argument("key")
-    status.add_argument("--table", required=True)
+    status.add_argument("key", metavar="KEY", help=KEY_HELP)
+    status.add_argument("--table", required=True, help=TABLE_HELP)
     add_store_options(status, INSPECTABLE)
 
     listing = commands.add_parser("list", help="the held keys of a table")
-    listing.add_argument("--table", required=True)
+    listing.add_argument("--table", required=True, help=TABLE_HELP)
     add_store_options(listing, INSPECTABLE)
 
     release = commands.add_parser("release", help="remove a lock row (only with --force)")
-    release.add_argument("key")
-    release.add_argument("--table", required=True)
+    release.add_argument("key", metavar="KEY", help=KEY_HELP)
+    release.add_argument("--table", required=True, help=TABLE_HELP)
     release.add_argument("--force", action="store_true", help="really remove the row printed")
     add_store_options(release, INSPECTABLE)
 
     demo_command = commands.add_parser("demo", help="worker processes contend on customer keys; one holder is killed")
-    demo_command.add_argument("--workers", type=int, default=4)
-    demo_command.add_argument("--seconds", type=float, default=10.0)
+    demo_command.add_argument("--workers", type=int, default=4, help="how many workers contend, 2 to 64 (default 4)")
+    demo_command.add_argument("--seconds", type=float, default=10.0,
+                              help="how long they contend, 2 to 600 (default 10)")
     add_store_options(demo_command, STORES)
     return parser
+
+
+#: The arguments that name a key or a table, by command: (attribute, name in messages, the engine's check).
+_CHECKED_ARGUMENTS: dict[str, tuple[tuple[str, str, Callable[[object], str]], ...]] = {
+    "create-table": (("name", "NAME", _impl.core.check_table),),
+    "status": (("key", "KEY", _impl.core.check_key), ("table", "--table", _impl.core.check_table)),
+    "list": (("table", "--table", _impl.core.check_table),),
+    "release": (("key", "KEY", _impl.core.check_key), ("table", "--table", _impl.core.check_table)),
+}
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Apply the engine's own rules to the keys and table names of a command line, before any store is
+    reached: a key no lease can have (``""``, more than 2,048 bytes) would otherwise read as free.
+    Raises BadArgument naming the argument and the rule."""
+    for attribute, name, check in _CHECKED_ARGUMENTS.get(args.command, ()):
+        try:
+            check(getattr(args, attribute))
+        except (TypeError, ValueError) as error:
+            raise BadArgument(f"argument {name}: {error}") from None
 
 
 def store_options(args: argparse.Namespace) -> StoreOptions:
@@ -199,13 +234,19 @@ COMMANDS = {"create-table": _create_table, "status": _status, "list": _list, "re
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``fastlease`` command with ``argv`` (default: ``sys.argv[1:]``) and return its exit status:
-    0, 1 for an error (one line on stderr), 130 when interrupted. A bad command line exits with 2."""
+    0, 1 for an error (one line on stderr), 130 when interrupted. A bad command line exits with 2, and
+    so does a key or table name the library refuses (one line on stderr)."""
     args = _parser().parse_args(argv)
     as_json = getattr(args, "json", False)
 
     def out(data: Any, text: str) -> None:
         print(json.dumps(data, default=str) if as_json else text, flush=True)
 
+    try:
+        check_arguments(args)
+    except BadArgument as error:
+        print(f"fastlease {args.command}: error: {error}", file=sys.stderr)
+        return 2
     started = time.monotonic()
     try:
         return COMMANDS[args.command](args, out)

@@ -6,6 +6,9 @@ Halfway through, the demo SIGKILLs a worker while it holds a lease: it never rel
 renewals stop. Another worker takes the key over once it has seen the abandoned row unchanged for
 one full lease. The demo prints progress every second, then a table per worker and the takeover time.
 
+Before any worker starts, one read with a short timeout checks that the store answers: a store that
+cannot be reached ends the demo with one line naming it and the error, not a run of timeouts.
+
 On the memory store the workers are threads of this process (the store lives in one process), and
 the "kill" stops the holder's renewals and abandons its row instead.
 """
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 from ._store_factory import StoreOptions, client_from_options, redis_url_from_environment, require_library
 from .exceptions import LockNotAcquired
 from .lock import SyncDistributedLock
+from .stores.base import NO_USAGE
 from .stores.memory import MemoryStore
 
 if TYPE_CHECKING:  # annotations only: boto3's client is imported when --store dynamodb is chosen
@@ -38,22 +42,43 @@ LEASE_S = 1.0
 WAIT_S = 3.0
 WORK_S = (0.1, 0.6)
 MOTO_REGION = "us-east-1"  # the Region of the moto server the demo starts when no --endpoint-url is given
+#: The store check before the workers start: one read of this key, with this timeout, well under a
+#: worker's wait budget (WAIT_S), so an unreachable store is reported at once.
+PROBE_KEY = "store-check"
+PROBE_TIMEOUT_S = 2.0
+#: What the summary table's columns mean, printed under it.
+COLUMNS = (
+    ("acquisitions", "leases the worker acquired"),
+    ("contended", "of those, acquisitions that found the key held and waited for it"),
+    ("wait ms", "time spent waiting for the lease, summed over the worker's acquisitions"),
+    ("renewals", f"renewals of its leases ({LEASE_S:g} s, renewed every {LEASE_S / 3:.2f} s while held)"),
+    ("timeouts", f"attempts that gave up after waiting {WAIT_S:g} s without getting the lease"),
+    ("status", "ok, killed (halfway, while holding a lease), never acquired (no lease in the whole run) "
+               "or error (below)"),
+)
 
 
 class DemoError(Exception):
-    """A demo that cannot run as asked (bad --workers or --seconds, a server it cannot start); the message says why."""
+    """A demo that cannot run as asked (bad --workers or --seconds, a server it cannot start, a store
+    that does not answer); the message says why."""
+
+
+def _error_text(error: BaseException) -> str:
+    """An error as one line: its type and message."""
+    return " ".join(f"{type(error).__name__}: {error}".split())
 
 
 def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore], stop_at: float, events: Any,
            crash: Optional[threading.Event] = None) -> None:
-    """One worker's loop; reports ("hold", ...), ("done", ...), ("timeout", ...) or ("error", ...).
+    """One worker's loop; reports ("hold", ...), ("done", ...), ("timeout", ...) or ("error", ...). A
+    timeout carries the last store error of its wait, or None when it only found the key held.
 
     ``stop_at`` is on the monotonic clock, which is system-wide on Linux, so processes share it."""
     rng = random.Random(index)
     try:
         client = client_from_options(options, memory_store=memory_store)
     except Exception as error:  # noqa: BLE001 - reported to the parent
-        events.put(("error", index, f"{type(error).__name__}: {error}"))
+        events.put(("error", index, _error_text(error)))
         return
     try:
         for turn in range(100_000):  # bounded; the deadline ends it first
@@ -66,8 +91,9 @@ def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore
                                         lease_duration=LEASE_S, wait_timeout=WAIT_S)
             try:
                 lease = guard.__enter__()
-            except LockNotAcquired:
-                events.put(("timeout", index, customer))
+            except LockNotAcquired as error:
+                cause = error.__cause__  # the last store error of the wait, if any
+                events.put(("timeout", index, customer, None if cause is None else _error_text(cause)))
                 continue
             metrics = guard.metrics
             contended = metrics.read_requests > 0 or metrics.conditional_failures > 0  # found it held
@@ -81,7 +107,7 @@ def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore
             guard.__exit__(None, None, None)
             events.put(("done", index, customer, renewals))
     except Exception as error:  # noqa: BLE001 - reported to the parent
-        events.put(("error", index, f"{type(error).__name__}: {error}"))
+        events.put(("error", index, _error_text(error)))
     finally:
         client.close()
 
@@ -126,21 +152,33 @@ def prepare_store(options: StoreOptions, cleanup: list[Callable[[], object]],
         options = replace(options, url=url)
         where = f"Redis on a local redis-server, {url} (pid {server.pid})"
     elif options.store == "redis":
+        from .redis import _safe_url
+
         options = replace(options, url=redis_url_from_environment(options))  # --url, else $FASTLEASE_REDIS_URL
-        where = f"Redis at {options.url}"
+        where = f"Redis at {_safe_url(cast(str, options.url))}"
     else:
         where = "in-memory (workers are threads of this process; the crash is simulated)"
     client = client_from_options(options)
     try:
-        if options.store == "dynamodb":
-            dynamodb = cast("DynamoDBClient", client)
-            if not dynamodb.lock_table_exists(TABLE):
-                dynamodb.create_lock_table(TABLE, wait=True)
-        client.inspect(TABLE)  # a bad path, URL or endpoint fails here, once, before any worker starts
+        _check_store(client, options.store, where)
     finally:
         client.close()
     say(f"store: {where}")
     return options
+
+
+def _check_store(client: Any, store: str, where: str) -> None:
+    """Make the demo's table (DynamoDB) and read one key with a short timeout, through the request
+    path the workers use: a store that is unreachable, or refuses the demo, fails here, once, before
+    any worker starts, with a DemoError naming it."""
+    try:
+        if store == "dynamodb":
+            dynamodb = cast("DynamoDBClient", client)
+            if not dynamodb.lock_table_exists(TABLE):
+                dynamodb.create_lock_table(TABLE, wait=True)
+        client.store.read(TABLE, PROBE_KEY, PROBE_TIMEOUT_S, NO_USAGE)
+    except Exception as error:  # noqa: BLE001 - store errors and the SDK's own: one line, not a traceback
+        raise DemoError(f"cannot reach the store ({where}): {_error_text(error)}") from None
 
 
 def run(options: StoreOptions, workers: int = 4, seconds: float = 10.0, *,
@@ -187,6 +225,7 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
     holders: dict[str, Any] = dict.fromkeys(CUSTOMERS)  # worker index, None (free) or a label
     killed: Optional[dict[str, Any]] = None
     errors: list[str] = []
+    store_errors: dict[int, str] = {}  # worker index -> the last store error behind one of its timeouts
     next_progress = start_at + 1.0
     try:
         while time.monotonic() < stop_at + WAIT_S + 5.0:
@@ -207,14 +246,18 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
                         killed["takeover_s"] = acquired - killed["at"]
                         killed["taken_by"] = index
                         say(f"[{acquired - start_at:5.1f}s] worker {index} took over {customer} "
-                            f"{killed['takeover_s']:.2f} s after worker {killed['worker']} was killed")
+                            f"{killed['takeover_s']:.2f} s after worker {killed['worker']} was killed "
+                            "(the lease runs from its last renewal, not from the kill)")
                 elif kind == "done":
                     stats[index]["renewals"] += event[3]
                     if holders.get(event[2]) == index:
                         holders[event[2]] = None
                 elif kind == "timeout":
                     stats[index]["timeouts"] += 1
+                    if event[3] is not None:
+                        store_errors[index] = event[3]
                 else:
+                    stats[index]["status"] = "error"
                     errors.append(f"worker {index}: {event[2]}")
             if killed is None and now >= start_at + seconds / 2:
                 killed = _kill_a_holder(holders, runners, crashes, now, start_at, say)
@@ -230,9 +273,26 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
     finally:
         for runner in runners:
             _stop(runner)
+    errors.extend(_never_acquired(stats, store_errors, seconds))
     summary = {"store": options.store, "workers": stats, "killed": killed, "errors": errors}
     _print_table(summary, say)
     return summary
+
+
+def _never_acquired(stats: list[dict[str, Any]], store_errors: dict[int, str], seconds: float) -> list[str]:
+    """Mark the workers that held no lease in the whole run; the errors to report for them. Under heavy
+    contention (many workers, a short run) a worker may lose every turn, and that is no error; a
+    worker whose waits ended on store errors, or a run in which nobody acquired, is."""
+    errors = []
+    for index, row in enumerate(stats):
+        if row["acquisitions"] == 0 and row["status"] == "ok":
+            row["status"] = "never acquired"
+            if index in store_errors:
+                errors.append(f"worker {index} never acquired a lease: the store failed its requests "
+                              f"(last error: {store_errors[index]})")
+    if not errors and not any(row["acquisitions"] for row in stats):
+        errors.append(f"no worker acquired a lease in {seconds:g} s")
+    return errors
 
 
 def _kill_a_holder(holders: dict[str, Any], runners: list[Any], crashes: list[Optional[threading.Event]],
@@ -243,10 +303,12 @@ def _kill_a_holder(holders: dict[str, Any], runners: list[Any], crashes: list[Op
         crash = crashes[index]
         if crash is not None:
             crash.set()
+            how = "simulated: its renewals stop, its row stays"
         else:
             os.kill(runners[index].pid, signal.SIGKILL)
+            how = "SIGKILL"
         holders[customer] = f"w{index} (killed)"
-        say(f"[{now - start_at:5.1f}s] killed worker {index} (SIGKILL) while it held {customer}")
+        say(f"[{now - start_at:5.1f}s] killed worker {index} ({how}) while it held {customer}")
         return {"worker": index, "customer": customer, "at": now}
     return None  # nobody holds a lease right now: try again at the next event
 
@@ -275,12 +337,19 @@ def _print_table(summary: dict[str, Any], say: Callable[[str], None]) -> None:
     for index, row in enumerate(summary["workers"]):
         say(f"{index:>6}  {row['acquisitions']:>12}  {row['contended']:>9}  {row['wait_ms']:>7.0f}  "
             f"{row['renewals']:>8}  {row['timeouts']:>8}  {row['status']}")
+    width = max(len(name) for name, _ in COLUMNS)
+    for name, meaning in COLUMNS:
+        say(f"  {name:<{width}}  {meaning}")
+    say("")
     killed = summary["killed"]
     if killed is None:
         say("no worker held a lease at halftime, so none was killed")
     elif "takeover_s" in killed:
         say(f"takeover: worker {killed['taken_by']} took {killed['customer']} over {killed['takeover_s']:.2f} s "
-            f"after worker {killed['worker']} was killed (lease {LEASE_S:g} s)")
+            f"after worker {killed['worker']} was killed")
+        say(f"  counted from the holder's last confirmed write, its last renewal (one every {LEASE_S / 3:.2f} s), "
+            "not from the kill:")
+        say(f"  the takeover comes at least one lease ({LEASE_S:g} s) after that write, which can be before the kill")
     else:
         say(f"worker {killed['worker']} was killed holding {killed['customer']}; nobody asked for it again in time")
     for error in summary["errors"]:
