@@ -187,6 +187,29 @@ def test_workers_whose_store_fails_never_acquire_and_are_not_ok(free_port):
     assert f"error: {summary['errors'][0]}" in lines
 
 
+def test_a_worker_whose_lease_lapses_reports_the_loss_and_goes_on(monkeypatch):
+    """Leaving a block after a lapse raises LockLost: the demo reports it and carries on, since a
+    starved machine can do that to a 1 s lease; it is not an error of the demo."""
+    import queue
+    import time
+
+    from fastlease.testing import FaultInjector
+
+    store = MemoryStore()
+    store.faults = faults = FaultInjector()
+    faults.add("update_version_if", "unavailable", times=-1)  # no renewal lands: the lease lapses
+    monkeypatch.setattr(demo, "WORK_S", (1.0, 1.0))  # longer than the lease's validity (0.9 s)
+    events: queue.Queue = queue.Queue()
+    demo.worker(0, StoreOptions("memory"), store, time.monotonic() + 0.5, events)
+    kinds = []
+    while not events.empty():
+        kinds.append(events.get_nowait())
+    assert [event[0] for event in kinds] == ["hold", "lost", "done"]
+    assert kinds[1][3] == "unreachable"
+    lines = printed_summary({**SUMMARY, "workers": [{**SUMMARY["workers"][0], "lost": 1}]})
+    assert "1 lease(s) lost before the work ended: renewals did not keep up (an overloaded machine?)" in lines
+
+
 def test_a_worker_that_lost_every_turn_is_never_acquired_but_no_error():
     """Many workers in a short run: losing every turn to the others is contention, not a failure."""
     stats = [{"acquisitions": count, "status": status} for count, status in [(3, "ok"), (0, "ok"), (2, "killed")]]

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from ._store_factory import StoreOptions, client_from_options, redis_url_from_environment, require_library
-from .exceptions import LockNotAcquired
+from .exceptions import LockLost, LockNotAcquired
 from .lock import SyncDistributedLock
 from .stores.base import NO_USAGE
 from .stores.memory import MemoryStore
@@ -70,7 +70,7 @@ def _error_text(error: BaseException) -> str:
 
 def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore], stop_at: float, events: Any,
            crash: Optional[threading.Event] = None) -> None:
-    """One worker's loop; reports ("hold", ...), ("done", ...), ("timeout", ...) or ("error", ...). A
+    """One worker's loop; reports ("hold", ...), ("lost", ...), ("done", ...), ("timeout", ...) or ("error", ...). A
     timeout carries the last store error of its wait, or None when it only found the key held.
 
     ``stop_at`` is on the monotonic clock, which is system-wide on Linux, so processes share it."""
@@ -104,7 +104,10 @@ def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore
             if crash is None:
                 time.sleep(rng.uniform(*WORK_S))  # the work done under the lease
             renewals = lease.metrics.renewals
-            guard.__exit__(None, None, None)
+            try:
+                guard.__exit__(None, None, None)
+            except LockLost as lost:  # ownership ended during the work (a starved machine): say so, go on
+                events.put(("lost", index, customer, lost.cause))
             events.put(("done", index, customer, renewals))
     except Exception as error:  # noqa: BLE001 - reported to the parent
         events.put(("error", index, _error_text(error)))
@@ -219,7 +222,7 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
     for runner in runners:
         runner.start()
     stats: list[dict[str, Any]] = [
-        {"acquisitions": 0, "contended": 0, "wait_ms": 0.0, "renewals": 0, "timeouts": 0, "status": "ok"}
+        {"acquisitions": 0, "contended": 0, "wait_ms": 0.0, "renewals": 0, "timeouts": 0, "lost": 0, "status": "ok"}
         for _ in range(count)
     ]
     holders: dict[str, Any] = dict.fromkeys(CUSTOMERS)  # worker index, None (free) or a label
@@ -252,6 +255,10 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
                     stats[index]["renewals"] += event[3]
                     if holders.get(event[2]) == index:
                         holders[event[2]] = None
+                elif kind == "lost":
+                    stats[index]["lost"] += 1
+                    say(f"[{now - start_at:5.1f}s] worker {index} lost its lease on {event[2]} ({event[3]}) "
+                        "before it finished: its work may have overlapped another's")
                 elif kind == "timeout":
                     stats[index]["timeouts"] += 1
                     if event[3] is not None:
@@ -352,5 +359,8 @@ def _print_table(summary: dict[str, Any], say: Callable[[str], None]) -> None:
         say(f"  the takeover comes at least one lease ({LEASE_S:g} s) after that write, which can be before the kill")
     else:
         say(f"worker {killed['worker']} was killed holding {killed['customer']}; nobody asked for it again in time")
+    lost = sum(row.get("lost", 0) for row in summary["workers"])
+    if lost:
+        say(f"{lost} lease(s) lost before the work ended: renewals did not keep up (an overloaded machine?)")
     for error in summary["errors"]:
         say(f"error: {error}")
