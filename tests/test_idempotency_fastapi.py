@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from fastlease import SQLiteClient
@@ -45,6 +46,11 @@ def payment_app(client: Any, **options: Any) -> tuple[FastAPI, list[str], asynci
         if payment.amount < 0:
             raise RuntimeError("the provider is down")
         return {"refunded": payment.amount}
+
+    @router.post("/busy")
+    async def busy() -> JSONResponse:
+        charges.append("busy")
+        return JSONResponse({"detail": "the provider is busy"}, status_code=503)
 
     @router.get("/balance")
     async def balance() -> dict:
@@ -178,3 +184,15 @@ def test_scoped_keys_keep_clients_apart(client):
     alice, bob, alice_again = asyncio.run(main())
     assert alice.json()["payment_id"] != bob.json()["payment_id"]
     assert alice_again.content == alice.content and len(charges) == 2
+
+
+def test_a_returned_5xx_response_is_not_stored_and_the_retry_runs(client):
+    app, charges, _ = payment_app(client)
+
+    async def main() -> list[httpx.Response]:
+        async with http(app) as api:
+            return [await api.post("/busy", headers={"Idempotency-Key": "b"}) for _ in range(2)]
+
+    responses = asyncio.run(main())
+    assert [response.status_code for response in responses] == [503, 503]
+    assert "Idempotent-Replayed" not in responses[1].headers and charges == ["busy", "busy"]

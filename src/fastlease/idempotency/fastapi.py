@@ -123,9 +123,11 @@ def idempotent_route(
                             response = JSONResponse({"detail": error.detail}, status_code=error.status_code,
                                                     headers=error.headers)
                         if response.status_code >= 500:
-                            return response  # not stored: leaving the block releases the key for a retry
+                            raise _NotStored(response)  # leaving the block so releases the key for a retry
                         await call.complete(_stored(response, kept))
                         return response
+                except _NotStored as not_stored:
+                    return not_stored.response
                 except IdempotencyInProgress as error:
                     return JSONResponse(
                         {"detail": f"a request with this {header} is in progress"}, status_code=409,
@@ -139,6 +141,15 @@ def idempotent_route(
             return idempotent_handler
 
     return IdempotentRoute
+
+
+class _NotStored(Exception):
+    """Leaves an idempotent call's block with a response that must not be stored (a 5xx). It is in the
+    routes' ``retry_on`` (every Exception), so the key is released and the client may retry."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
 
 
 class _ResponseJSON:
