@@ -18,11 +18,14 @@ import fastlease.idempotency as idempotency_package
 import mp_workers
 from fastlease import LockLost, MemoryClient, SQLiteClient, SyncDistributedLock
 from fastlease.idempotency import (
+    AsyncIdempotentCall,
     IdempotencyInProgress,
     IdempotencyKeyMismatch,
+    IdempotencyResultNotSerializable,
     IdempotencyResultTooLarge,
     IdempotentCall,
     IdempotentCallFailed,
+    IdempotentCallNotCompleted,
     JSONSerializer,
     idempotent,
     payload_fingerprint,
@@ -285,6 +288,84 @@ def test_async_functions_are_idempotent_too(store):
     assert runs == ["k"] and all(result == ["k", 1] for result in results)
 
 
+def test_an_unserialisable_result_is_stored_as_a_failure_so_the_handler_runs_once(store):
+    # The handler has run (a card charged, a mail sent) before its result turns out unstorable: storing
+    # nothing would let every duplicate run it again, so the failure is what is stored and replayed.
+    import datetime
+
+    client = store.client()
+    runs = []
+
+    @idempotent(client, table=store.table, key="report:{key}")
+    def report(key: str) -> dict:
+        runs.append(key)
+        return {"at": datetime.datetime(2026, 1, 1)}  # not JSON data
+
+    with pytest.raises(IdempotencyResultNotSerializable, match="a dict: the result is not JSON-serialisable") \
+            as first:
+        report("r-1")
+    with pytest.raises(IdempotencyResultNotSerializable, match="failed before: JSONSerializer cannot") as again:
+        report("r-1")
+    assert runs == ["r-1"]
+    assert first.value.result_type == again.value.result_type == "dict"
+    assert isinstance(again.value, IdempotentCallFailed) and isinstance(again.value, TypeError)
+    assert again.value.error_type == "fastlease.idempotency.exceptions.IdempotencyResultNotSerializable"
+    assert again.value.error_message == str(first.value) and again.value.key == "report:r-1"
+
+    with IdempotentCall(client, table=store.table, key="direct") as call:
+        runs.append("direct")
+        with pytest.raises(IdempotencyResultNotSerializable, match=r"'direct', a datetime\.date:"):
+            call.complete(datetime.date(2026, 1, 1))
+    assert call.state == "FAILED"
+    with pytest.raises(IdempotencyResultNotSerializable) as replayed:
+        with IdempotentCall(client, table=store.table, key="direct"):
+            runs.append("direct again")  # never reached: the stored failure is raised on entry
+    assert replayed.value.result_type == "datetime.date" and runs == ["r-1", "direct"]
+
+
+def test_leaving_a_block_without_complete_stores_nothing_and_releases_the_key(store):
+    client = store.client()
+    with pytest.raises(IdempotentCallNotCompleted, match=r"'forgot' ended without complete\(result\)"):
+        with IdempotentCall(client, table=store.table, key="forgot") as call:
+            assert not call.replayed  # ... and the block ends without call.complete(...)
+    assert call.state == "RELEASED"
+    assert client.store.read_record(store.table, "forgot", 5.0) is None
+    with IdempotentCall(client, table=store.table, key="forgot") as again:  # wait=0: the key must be free
+        assert not again.replayed
+        again.complete("done")
+    with IdempotentCall(client, table=store.table, key="forgot") as third:
+        assert third.replayed and third.result == "done"
+
+
+def test_an_async_block_without_complete_raises_too_and_the_decorator_still_stores_none(core):
+    client = MemoryClient(_engine_module=core)
+    runs = []
+
+    @idempotent(client, table="events", key="notify:{key}")
+    async def notify(key: str) -> None:
+        runs.append(key)  # returns None: completed automatically, and replayed as None
+
+    async def main() -> None:
+        with pytest.raises(IdempotentCallNotCompleted):
+            async with AsyncIdempotentCall(client, table="events", key="k"):
+                pass
+        async with AsyncIdempotentCall(client, table="events", key="k") as again:
+            assert not again.replayed
+            await again.complete({"sent": True})
+        async with AsyncIdempotentCall(client, table="events", key="k") as third:
+            assert third.replayed and third.result == {"sent": True}
+        with pytest.raises(IdempotencyResultNotSerializable, match="a set"):
+            async with AsyncIdempotentCall(client, table="events", key="s") as unstorable:
+                await unstorable.complete({1, 2})
+        assert await notify("n") is None and await notify("n") is None
+
+    try:
+        asyncio.run(main())
+    finally:
+        client.close()
+    assert runs == ["n"]
+
+
 # ---- store specifics ------------------------------------------------------------------------------------
 @pytest.mark.server
 def test_a_result_too_large_for_dynamodb_is_refused_and_the_key_released(request):
@@ -522,8 +603,8 @@ def test_the_package_modules_import_only_downwards():
 def test_the_package_keeps_the_names_of_the_single_module():
     assert idempotency_package.__all__ == [
         "AsyncIdempotentCall", "IdempotencyError", "IdempotencyInProgress", "IdempotencyKeyMismatch",
-        "IdempotencyResultTooLarge", "IdempotentCall", "IdempotentCallFailed", "JSONSerializer", "Serializer",
-        "idempotent", "payload_fingerprint",
+        "IdempotencyResultNotSerializable", "IdempotencyResultTooLarge", "IdempotentCall", "IdempotentCallFailed",
+        "IdempotentCallNotCompleted", "JSONSerializer", "Serializer", "idempotent", "payload_fingerprint",
     ]
     from fastlease.idempotency import (  # noqa: F401 - importable, though not in __all__
         COMPLETED,

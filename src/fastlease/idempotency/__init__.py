@@ -11,7 +11,12 @@ A call with key K goes through three states:
   taken over can never overwrite its successor's record.
 * **FAILED**: a terminal failure (an exception outside ``retry_on``), stored the same way and replayed
   as :class:`IdempotentCallFailed`. Exceptions in ``retry_on`` (by default every ``Exception``) store
-  nothing: the key is released and the next call runs again.
+  nothing: the key is released and the next call runs again. A result the serializer refuses is a
+  terminal failure too (the handler has run): the call and its duplicates raise
+  :class:`IdempotencyResultNotSerializable`, a subclass of :class:`IdempotentCallFailed`.
+
+A ``with`` block left normally without ``complete(result)`` stores nothing, releases the key and
+raises :class:`IdempotentCallNotCompleted` (``@idempotent`` completes with the function's result).
 
 A duplicate reads the record first (one read: that is the whole cost of a replay). If there is none
 and the lease is held, it raises :class:`IdempotencyInProgress` with a ``retry_after`` estimate, or
@@ -38,8 +43,10 @@ from .exceptions import (
     IdempotencyError,
     IdempotencyInProgress,
     IdempotencyKeyMismatch,
+    IdempotencyResultNotSerializable,
     IdempotencyResultTooLarge,
     IdempotentCallFailed,
+    IdempotentCallNotCompleted,
 )
 from .records import COMPLETED as COMPLETED
 from .records import DEFAULT_TTL as DEFAULT_TTL
@@ -54,9 +61,11 @@ __all__ = [
     "IdempotencyError",
     "IdempotencyInProgress",
     "IdempotencyKeyMismatch",
+    "IdempotencyResultNotSerializable",
     "IdempotencyResultTooLarge",
     "IdempotentCall",
     "IdempotentCallFailed",
+    "IdempotentCallNotCompleted",
     "JSONSerializer",
     "Serializer",
     "idempotent",

@@ -14,11 +14,14 @@ from ..client import LeaseClient
 from ..exceptions import LockLost, LockNotAcquired
 from ..lock import DEFAULT_LEASE_DURATION, MAX_RETENTION, LeaseOptions, SyncDistributedLock, check_client, seconds_to_ms
 from .exceptions import (
+    NOT_SERIALIZABLE,
     IdempotencyError,
     IdempotencyInProgress,
     IdempotencyKeyMismatch,
+    IdempotencyResultNotSerializable,
     IdempotencyResultTooLarge,
     IdempotentCallFailed,
+    IdempotentCallNotCompleted,
 )
 from .records import COMPLETED, DEFAULT_TTL, FAILED, RETRY_AFTER_S, Record
 from .serialization import JSON, Serializer, payload_fingerprint
@@ -85,8 +88,9 @@ class IdempotentCall:
             call.complete(receipt)              # stored only while our lease is still valid
             return receipt
 
-    Leaving the block without ``complete`` stores ``None`` as the result; leaving it with an exception
-    applies the failure policy (``retry_on``). On DynamoDB the completion can join your own
+    Leaving the block normally without ``complete`` stores nothing, releases the key (the next call
+    runs) and raises :class:`IdempotentCallNotCompleted`; leaving it with an exception applies the
+    failure policy (``retry_on``). On DynamoDB the completion can join your own
     transaction: ``call.check_in(tx)`` then ``call.complete_in(tx, result)``.
 
     Options: ``payload`` (bytes or JSON data) is fingerprinted, or pass your own ``fingerprint`` (a str
@@ -102,7 +106,8 @@ class IdempotentCall:
     call with the key is running), :class:`IdempotencyKeyMismatch` (the key was used with another
     payload) or :class:`IdempotentCallFailed` (a replayed terminal failure); storing the result raises
     :class:`IdempotencyResultTooLarge`, or ``LockLost`` if the lease was taken over first (nothing is
-    stored then, and the call may run again).
+    stored then, and the call may run again). A result the serializer refuses is recorded as a
+    failure: ``complete`` and every duplicate raise :class:`IdempotencyResultNotSerializable`.
     """
 
     def __init__(
@@ -161,6 +166,11 @@ class IdempotentCall:
             failure = json.loads(record.result.decode("utf-8"))
             self.state = "REPLAYED"
             self.replayed = True
+            if failure["type"] == NOT_SERIALIZABLE:
+                raise IdempotencyResultNotSerializable(
+                    f"the call with idempotency key {self.key!r} failed before: {failure['message']}",
+                    key=self.key, result_type=failure["result_type"], error_message=failure["message"],
+                )
             raise IdempotentCallFailed(
                 f"the call with idempotency key {self.key!r} failed before: {failure['type']}: {failure['message']}",
                 key=self.key, error_type=failure["type"], error_message=failure["message"],
@@ -215,12 +225,33 @@ class IdempotentCall:
 
     def complete(self, result: Any) -> None:
         """Store ``result`` as this call's outcome and release the key, in one atomic request made only
-        while the lease is ours. RuntimeError unless the call is in progress (once only); TypeError
-        if the serializer refuses ``result``; IdempotencyResultTooLarge; LockLost if the lease was lost."""
+        while the lease is ours. RuntimeError unless the call is in progress (once only);
+        IdempotencyResultTooLarge; LockLost if the lease was lost. If the serializer refuses ``result``,
+        the call is stored as FAILED instead and IdempotencyResultNotSerializable is raised: the
+        handler has run, so its duplicates must not run it again."""
         if self.state != "PROCESSING":
             raise RuntimeError(f"complete() needs a call in progress, this one is {self.state.lower()}")
-        self._write(COMPLETED, self._spec.serializer.dumps(result))
+        try:
+            data = self._spec.serializer.dumps(result)
+        except Exception as refusal:  # the Serializer contract says TypeError; custom ones raise others
+            raise self._store_not_serializable(result, refusal) from refusal
+        self._write(COMPLETED, data)
         self.result = result
+
+    def _store_not_serializable(self, result: Any, refusal: Exception) -> IdempotencyResultNotSerializable:
+        """Record the refused result as this call's failure; return the error to raise."""
+        result_type = type(result).__qualname__
+        if type(result).__module__ != "builtins":
+            result_type = f"{type(result).__module__}.{result_type}"
+        error = IdempotencyResultNotSerializable(
+            f"{type(self._spec.serializer).__name__} cannot serialise the result of idempotency key "
+            f"{self.key!r}, a {result_type}: {str(refusal)[:1000]}. The call is stored as FAILED, so its duplicates "
+            f"raise this error instead of running it again",
+            key=self.key, result_type=result_type,
+        )
+        failure = {"type": NOT_SERIALIZABLE, "message": str(error), "result_type": result_type}
+        self._write(FAILED, json.dumps(failure).encode("utf-8"))
+        return error
 
     def check_in(self, transaction: Any) -> None:
         """Add this call's ownership check to your DynamoDB transaction (see ``complete_in``)."""
@@ -248,9 +279,7 @@ class IdempotentCall:
             return
         if self.state != "PROCESSING":
             return
-        if exc is None:
-            self.complete(None)
-        elif isinstance(exc, Exception) and not isinstance(exc, self._spec.retry_on):
+        if isinstance(exc, Exception) and not isinstance(exc, self._spec.retry_on):
             failure = {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": str(exc)}
             self._write(FAILED, json.dumps(failure).encode("utf-8"))
 
@@ -280,6 +309,16 @@ class IdempotentCall:
                  tb: Optional[TracebackType]) -> None:
         if self.replayed:
             return
+        if exc is None and self.state == "PROCESSING":
+            # Storing None here would make every duplicate replay None: store nothing, free the key.
+            not_completed = IdempotentCallNotCompleted(
+                f"the IdempotentCall block of idempotency key {self.key!r} ended without complete(result): "
+                f"nothing was stored and the key is released, so the next call runs again. Call "
+                f"complete(result) before the block ends, or leave it with an exception",
+                key=self.key,
+            )
+            self._release(not_completed)  # a failed release is attached to it as a note
+            raise not_completed
         try:
             self._finish(exc)
         finally:

@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ..exceptions import FastleaseError
 
 __all__ = [
     "IdempotencyError",
     "IdempotencyInProgress",
     "IdempotencyKeyMismatch",
+    "IdempotencyResultNotSerializable",
     "IdempotencyResultTooLarge",
     "IdempotentCallFailed",
+    "IdempotentCallNotCompleted",
 ]
 
 
@@ -43,3 +47,22 @@ class IdempotentCallFailed(IdempotencyError):
         self.error_type = error_type
         self.error_message = error_message
 
+
+#: ``error_type`` of the FAILED record that an unserialisable result leaves (the class below).
+NOT_SERIALIZABLE = f"{__name__}.IdempotencyResultNotSerializable"
+
+
+class IdempotencyResultNotSerializable(IdempotentCallFailed, TypeError):
+    """The serializer refused the call's result (``result_type`` names its type). The call is recorded
+    as FAILED with this reason, so it and every duplicate within the ttl raise this instead of running
+    the handler again."""
+
+    def __init__(self, message: str, *, key: str, result_type: str, error_message: Optional[str] = None) -> None:
+        super().__init__(message, key=key, error_type=NOT_SERIALIZABLE,
+                         error_message=message if error_message is None else error_message)
+        self.result_type = result_type
+
+
+class IdempotentCallNotCompleted(IdempotencyError, RuntimeError):
+    """An ``IdempotentCall`` block was left normally without ``complete(result)``. Nothing was stored
+    and the key is released, so the next call runs again."""

@@ -13,28 +13,42 @@
     app = FastAPI()
     app.include_router(payments)
 
-Every route of the router (for the methods in ``methods``, POST and PATCH by default) then answers:
+Every route of the router (for the methods in ``methods``, POST and PATCH by default) then answers,
+as the IETF draft on the header (draft-ietf-httpapi-idempotency-key-header-07) describes, each error
+with an ``application/problem+json`` body (RFC 9457) whose ``type`` names the problem:
 
-* 400 when the header is missing (``required=True``, the default) or is not 1-255 visible ASCII
-  characters;
-* 409 with ``Retry-After`` while a request with the same key is in flight (or, with ``wait=``, waits
-  for it and replays its response);
-* 422 when the key was used with a different request (method, path, query and body are fingerprinted);
+* 400 ``idempotency-key-missing`` when the header is missing (``required=True``, the default), and
+  400 ``idempotency-key-malformed`` when it is sent more than once, or is neither one structured-field
+  string (RFC 8941 sf-string, ``Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"``, parameters
+  ignored) nor the bare form of 1-255 visible ASCII characters that clients send today (the two forms
+  name the same key; a quoted key holds 1-255 characters too);
+* 409 ``idempotency-key-in-progress`` with ``Retry-After`` while a request with the same key is in
+  flight (or, with ``wait=``, waits for it and replays its response);
+* 422 ``idempotency-key-reused`` when the key was used with a different request: the method, path,
+  query and body are fingerprinted, a JSON body (``application/json`` or any ``+json`` type) by its
+  canonical form (the same JSON with other spacing, key order or escapes is the same request), any
+  other body by its bytes;
 * on a repeat: the first response's status, body and ``replay_headers``, plus ``Idempotent-Replayed: true``.
+
+The problem types are ``problem_base`` followed by the names above; the default base makes them tag
+URIs (RFC 4151), identifiers that link nowhere: pass your documentation's URL to make them links.
 
 The stored response is the one the route produced, after FastAPI's own processing (``status_code``,
 ``response_model``). An ``HTTPException`` below 500 is a final answer and is stored too, as FastAPI's
 default handler renders it; any other exception (and a 5xx) stores nothing, so the client may retry.
 Streaming responses cannot be stored and are refused. Keys are scoped per client when ``scope``
 is given (a function of the request, say the authenticated user id), as the IETF draft advises:
-without it, two clients sending the same key share one record.
+without it, two clients sending the same key share one record. A ``scope`` that cannot identify the
+request raises ``HTTPException`` (say 400 or 401), which FastAPI answers before anything runs.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
+import re
 from typing import Any, Callable, Coroutine, Optional, Sequence
 
 from fastapi import HTTPException, Request, Response
@@ -46,6 +60,7 @@ from ..lock import DEFAULT_LEASE_DURATION
 from .calls import AsyncIdempotentCall, IdempotentCall, _CallSpec
 from .exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
 from .records import DEFAULT_TTL
+from .serialization import canonical_json
 
 __all__ = ["idempotent_route"]
 
@@ -53,6 +68,12 @@ HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 #: Response headers stored with the response and sent again on replay (others are per-response).
 REPLAY_HEADERS = ("content-type", "location", "etag", "cache-control", "content-language")
+#: The default start of the problem types: a tag URI (RFC 4151), which RFC 9457 allows for types that
+#: are identifiers only. Each type is this followed by the problem's name.
+PROBLEM_BASE = "tag:fastlease,2026:"
+PROBLEM_JSON = "application/problem+json"
+#: The longest key, quoted or bare.
+MAX_KEY_CHARS = 255
 
 
 def idempotent_route(
@@ -68,6 +89,7 @@ def idempotent_route(
     wait: float = 0.0,
     ttl: Optional[float] = DEFAULT_TTL,
     replay_headers: Sequence[str] = REPLAY_HEADERS,
+    problem_base: str = PROBLEM_BASE,
 ) -> type[APIRoute]:
     """An ``APIRoute`` class for ``APIRouter(route_class=...)``: see the module documentation.
 
@@ -76,14 +98,22 @@ def idempotent_route(
     refused (400) or simply runs; ``scope(request)`` returns the client's identity (a str) that keys
     are scoped to; only requests whose method is in ``methods`` are guarded; ``lease_duration``,
     ``wait`` and ``ttl`` are seconds, as for :class:`~fastlease.idempotency.IdempotentCall`;
-    ``replay_headers`` are the response headers stored and replayed. Raises TypeError or ValueError
-    for bad options, including a client whose store keeps no idempotency records.
+    ``replay_headers`` are the response headers stored and replayed; ``problem_base`` starts the
+    ``type`` of every problem answer. Raises TypeError or ValueError for bad options, including a
+    client whose store keeps no idempotency records.
     """
     spec = _CallSpec(client, table, lock_table, lease_duration, wait, ttl, _JSON, (Exception,))
     if scope is not None and not callable(scope):
         raise TypeError(f"scope must be a function of the request returning a str, got {scope!r}")
+    if not isinstance(problem_base, str):
+        raise TypeError(f"problem_base must be a str (a URI prefix), got {type(problem_base).__name__}")
     guarded = frozenset(method.upper() for method in methods)
     kept = tuple(name.lower() for name in replay_headers)
+
+    def problem(status: int, name: str, title: str, detail: str, headers: Optional[dict[str, str]] = None
+                ) -> JSONResponse:
+        return JSONResponse({"type": problem_base + name, "title": title, "status": status, "detail": detail},
+                            status_code=status, headers=headers, media_type=PROBLEM_JSON)
 
     class IdempotentRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -92,21 +122,27 @@ def idempotent_route(
             async def idempotent_handler(request: Request) -> Response:
                 if request.method not in guarded:
                     return await handle(request)
-                idempotency_key = request.headers.get(header)
-                if idempotency_key is None:
+                fields = request.headers.getlist(header)
+                if not fields:
                     if required:
-                        return JSONResponse({"detail": f"the {header} header is required"}, status_code=400)
+                        return problem(400, "idempotency-key-missing", f"{header} is missing",
+                                       f"the {header} header is required: send a unique key, such as a "
+                                       f'UUID, as {header}: "<key>", and the same key when you retry')
                     return await handle(request)
-                if not 1 <= len(idempotency_key) <= 255 or not all(" " < c <= "~" for c in idempotency_key):
-                    return JSONResponse({"detail": f"the {header} header must be 1-255 visible ASCII characters"},
-                                        status_code=400)
+                try:
+                    if len(fields) > 1:
+                        raise ValueError(f"it was sent {len(fields)} times: send one {header} field")
+                    idempotency_key = parse_idempotency_key(fields[0])
+                except ValueError as error:
+                    return problem(400, "idempotency-key-malformed", f"{header} is malformed",
+                                   f"the {header} header must be a structured-field string with its quotes, "
+                                   f'such as "8e03978e-40d5-43e8-bc93-6894a57f9324", or 1-{MAX_KEY_CHARS} '
+                                   f"visible ASCII characters without quotes: {error}")
                 owner_scope = scope(request) if scope is not None else ""
                 if not isinstance(owner_scope, str):
                     raise TypeError(f"scope() must return a str, got {type(owner_scope).__name__}")
-                body = await request.body()
-                fingerprint = hashlib.sha256(b"\0".join(
-                    (request.method.encode(), request.url.path.encode(), request.url.query.encode(), body)
-                )).hexdigest()
+                fingerprint = request_fingerprint(request.method, request.url.path, request.url.query,
+                                                  request.headers.get("content-type", ""), await request.body())
                 # The scope (an identity) is hashed: fixed length, and never readable in the store.
                 scoped = hashlib.sha256(owner_scope.encode()).hexdigest()[:32] if owner_scope else "-"
                 key = f"http:{scoped}:{idempotency_key}"
@@ -123,22 +159,138 @@ def idempotent_route(
                             response = JSONResponse({"detail": error.detail}, status_code=error.status_code,
                                                     headers=error.headers)
                         if response.status_code >= 500:
-                            return response  # not stored: leaving the block releases the key for a retry
+                            raise _NotStored(response)  # leaving the block so releases the key for a retry
                         await call.complete(_stored(response, kept))
                         return response
+                except _NotStored as not_stored:
+                    return not_stored.response
                 except IdempotencyInProgress as error:
-                    return JSONResponse(
-                        {"detail": f"a request with this {header} is in progress"}, status_code=409,
-                        headers={"Retry-After": str(max(1, math.ceil(error.retry_after)))},
-                    )
+                    return problem(409, "idempotency-key-in-progress",
+                                   f"A request is outstanding for this {header}",
+                                   f"a request with this {header} is in progress: retry after Retry-After seconds",
+                                   headers={"Retry-After": str(max(1, math.ceil(error.retry_after)))})
                 except IdempotencyKeyMismatch:
-                    return JSONResponse(
-                        {"detail": f"this {header} was used with a different request"}, status_code=422
-                    )
+                    return problem(422, "idempotency-key-reused", f"{header} is already used",
+                                   f"this {header} was used with a different request (method, path, query or "
+                                   f"body): resend the first request unchanged, or use a new key for a new one")
 
             return idempotent_handler
 
     return IdempotentRoute
+
+
+class _NotStored(Exception):
+    """Leaves an idempotent call's block with a response that must not be stored (a 5xx). It is in the
+    routes' ``retry_on`` (every Exception), so the key is released and the client may retry."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+# ---- the Idempotency-Key field: RFC 8941 (structured fields) --------------------------------------
+#: A parameter's key: lcalpha or "*", then lcalpha, DIGIT, "_", "-", "." or "*".
+_PARAMETER_KEY = re.compile(r"[a-z*][a-z0-9_.*-]*")
+#: A token: ALPHA or "*", then tchar, ":" or "/".
+_TOKEN = re.compile(r"[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]*")
+#: An integer or a decimal; its limits (15 digits; 12 then 1-3) are checked after the match.
+_NUMBER = re.compile(r"-?([0-9]+)(\.([0-9]*))?")
+#: A byte sequence: base64 between colons.
+_BYTES = re.compile(r":[A-Za-z0-9+/=]*:")
+
+
+def parse_idempotency_key(field: str) -> str:
+    """The key a field value carries: an RFC 8941 Item whose bare item is a String (the draft's
+    syntax; parameters are parsed and ignored), or, unquoted, the bare key of 1-255 visible ASCII
+    characters that clients send today. ValueError, saying what is wrong, for anything else."""
+    value = field.strip(" \t")
+    if value.startswith('"'):
+        key, end = _parse_string(value, 0)
+        end = _skip_parameters(value, end)
+        if end != len(value):
+            raise ValueError(f"unexpected {value[end:end + 20]!r} after the string")
+    else:
+        if not all(" " < c <= "~" for c in value):
+            raise ValueError(f"{value[:40]!r} has a character that is not visible ASCII")
+        key = value
+    if not 1 <= len(key) <= MAX_KEY_CHARS:
+        raise ValueError(f"the key has {len(key)} characters")
+    return key
+
+
+def _parse_string(value: str, start: int) -> tuple[str, int]:
+    """The sf-string at ``value[start]`` (a DQUOTE) and the index after its closing DQUOTE."""
+    chars: list[str] = []
+    i = start + 1
+    while i < len(value):
+        c = value[i]
+        if c == "\\":
+            if value[i + 1:i + 2] not in ('"', "\\"):
+                raise ValueError(f"a backslash escapes only \\ or \" in a string, got {value[i:i + 2]!r}")
+            chars.append(value[i + 1])
+            i += 2
+        elif c == '"':
+            return "".join(chars), i + 1
+        elif not " " <= c <= "~":
+            raise ValueError(f"a string holds printable ASCII only, got {c!r}")
+        else:
+            chars.append(c)
+            i += 1
+    raise ValueError("the string has no closing quote")
+
+
+def _skip_parameters(value: str, i: int) -> int:
+    """The index after the parameters (``;key`` or ``;key=bare-item``, any number) at ``value[i]``."""
+    while value[i:i + 1] == ";":
+        i += 1
+        while value[i:i + 1] == " ":
+            i += 1
+        key = _PARAMETER_KEY.match(value, i)
+        if key is None:
+            raise ValueError(f"a parameter needs a lowercase key, got {value[i:i + 20]!r}")
+        i = key.end()
+        if value[i:i + 1] == "=":
+            i = _skip_bare_item(value, i + 1)
+    return i
+
+
+def _skip_bare_item(value: str, i: int) -> int:
+    """The index after the bare item (integer, decimal, string, token, byte sequence, boolean) at ``i``."""
+    c = value[i:i + 1]
+    if c == '"':
+        return _parse_string(value, i)[1]
+    if c == "?" and value[i + 1:i + 2] in ("0", "1"):
+        return i + 2
+    for pattern in (_TOKEN, _BYTES):
+        match = pattern.match(value, i)
+        if match is not None:
+            return match.end()
+    number = _NUMBER.match(value, i)
+    if number is not None:
+        digits, dot, fraction = number.group(1), number.group(2), number.group(3)
+        if dot is None and len(digits) <= 15 or dot is not None and len(digits) <= 12 and 1 <= len(fraction) <= 3:
+            return number.end()
+    raise ValueError(f"a parameter has no valid value at {value[i:i + 20]!r}")
+
+
+# ---- the request's fingerprint ------------------------------------------------------------------
+def request_fingerprint(method: str, path: str, query: str, content_type: str, body: bytes) -> str:
+    """What tells a retry from another request under the same key: method, path, query and body. A JSON
+    body (``application/json`` or any ``+json`` type, that parses) counts by its canonical form, so
+    that spacing, key order and escapes do not matter; any other body counts by its bytes."""
+    parts = [method.encode(), path.encode(), query.encode()]
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    canonical = None
+    if media_type == "application/json" or media_type.endswith("+json"):
+        try:
+            canonical = canonical_json(json.loads(body), allow_nan=True)
+        except (ValueError, RecursionError):  # not JSON after all (UnicodeDecodeError is a ValueError)
+            canonical = None
+    if canonical is None:
+        parts.append(body)
+    else:
+        parts += [b"application/json", canonical]  # marks the canonical form
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()
 
 
 class _ResponseJSON:

@@ -1,5 +1,5 @@
 """Results to bytes and back (the :class:`Serializer` protocol and its JSON default), and the payload
-fingerprints that tell a reused key from a duplicate."""
+fingerprints (over :func:`canonical_json`) that tell a reused key from a duplicate."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import hashlib
 import json
 from typing import Any, Protocol
 
-__all__ = ["JSON", "JSONSerializer", "Serializer", "payload_fingerprint"]
+__all__ = ["JSON", "JSONSerializer", "Serializer", "canonical_json", "payload_fingerprint"]
 
 
 class Serializer(Protocol):
@@ -42,6 +42,14 @@ class JSONSerializer:
 JSON = JSONSerializer()
 
 
+def canonical_json(value: Any, *, allow_nan: bool = False) -> bytes:
+    """``value`` as canonical JSON: sorted keys, no spaces, UTF-8. Two JSON texts that differ only in
+    spacing, key order or escapes have the same canonical form. TypeError or ValueError if ``value``
+    is not JSON data (NaN and infinities too, unless ``allow_nan``)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=allow_nan).encode("utf-8")
+
+
 def payload_fingerprint(payload: Any) -> str:
     """A stable hash of a payload: the SHA-256 hex digest of the bytes, or of canonical JSON (sorted keys,
     no spaces). TypeError if the payload is neither bytes nor JSON data."""
@@ -49,8 +57,7 @@ def payload_fingerprint(payload: Any) -> str:
         data = bytes(payload)
     else:
         try:
-            data = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                              allow_nan=False).encode("utf-8")
+            data = canonical_json(payload)
         except (TypeError, ValueError) as error:
             raise TypeError(
                 f"the idempotency payload must be bytes or JSON data (dict, list, str, int, float, bool, None): "
