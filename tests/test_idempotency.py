@@ -179,17 +179,20 @@ def test_a_handler_killed_mid_call_is_taken_over_after_one_lease_and_completes_o
     receive(child, "ready")
     child.ctl.send("go")
     receive(child, "running")
+    killed_at = time.monotonic()
     kill_and_reap(child)
     client = store.client()
     executions = []
-    started = time.monotonic()
     with IdempotentCall(client, table=store.table, key="payment:crash", payload={"amount": 10},
                         lease_duration=1.0, wait=BOUND_S) as call:
         assert not call.replayed
-        waited = time.monotonic() - started
+        waited = time.monotonic() - killed_at
         executions.append(1)
         call.complete({"charged_by": "survivor"})
-    assert 0.5 <= waited < 10, waited  # one lease (1 s) after the dead holder's last renewal
+    # Not before one lease (1 s) after the dead holder's last write, which came at most 90% of a lease
+    # before the kill while it still held (on Redis the key expires then). Measured from the kill, not
+    # from the survivor's start: a loaded machine may spend much of that lease killing and reaping.
+    assert 0.1 <= waited < 10, waited
     with IdempotentCall(client, table=store.table, key="payment:crash", payload={"amount": 10}) as again:
         assert again.replayed and again.result == {"charged_by": "survivor"}
     assert executions == [1]
