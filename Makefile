@@ -49,10 +49,12 @@ CHECK_PYTHONS = missing=; for version in $(EXTRA_PYTHONS); do \
 	elif [ -n "$$missing" ]; then \
 		echo "Python$$missing missing here (install it with 'pyenv install$$missing'): its all_pythons tests are skipped"; fi
 
-# Lint and strict typing first (seconds), then the suite, then the all_pythons tests on EXTRA_PYTHONS.
-# Under CI=true, a missing interpreter fails before the suite, not 8 minutes later.
+# The commit subjects, lint and strict typing first (seconds), then the suite, then the all_pythons
+# tests on EXTRA_PYTHONS. Under CI=true, a missing interpreter or a missing git history fails before
+# the suite, not 8 minutes later.
 test: $(INSTALLED) redis-server
 	@if [ "$$CI" = true ]; then $(CHECK_PYTHONS); fi
+	$(PY) .ci/check-commit-subjects
 	$(VENV)/bin/ruff check src tests bench setup.py
 	$(VENV)/bin/mypy --strict src/fastlease
 	$(PY) -m pytest

@@ -27,12 +27,23 @@ logged() { "$@" >"$work/command.log" 2>&1 || { tail -60 "$work/command.log"; fai
 
 step "cibuildwheel configuration: the Linux build identifiers it would build"
 identifiers=$(cd "$root" && "$tools" -m cibuildwheel --print-build-identifiers --platform linux .)
-for version in cp39 cp310 cp311 cp312 cp313 cp313t; do
+# The versions [tool.cibuildwheel] build selects (cp311 ... cp314t): a cibuildwheel too old to know one
+# of them prints no identifier for it.
+versions=$("$tools" - "$root/pyproject.toml" <<'PY'
+import sys
+import tomllib
+
+with open(sys.argv[1], "rb") as file:
+    build = tomllib.load(file)["tool"]["cibuildwheel"]["build"]
+print(" ".join(pattern.removesuffix("-*") for pattern in build))
+PY
+)
+for version in $versions; do
     for platform in manylinux_x86_64 manylinux_aarch64 musllinux_x86_64 musllinux_aarch64; do
         grep -qx "$version-$platform" <<<"$identifiers" || fail "cibuildwheel would not build $version-$platform"
     done
 done
-echo "$(wc -l <<<"$identifiers") Linux identifiers, cp39-cp313 and cp313t on manylinux and musllinux, x86_64 and aarch64"
+echo "$(wc -l <<<"$identifiers") Linux identifiers: $versions on manylinux and musllinux, x86_64 and aarch64"
 
 step "build: the sdist, then the wheel from the sdist (the compiled modules required)"
 FASTLEASE_REQUIRE_EXTENSIONS=1 "$tools" -m build --outdir "$work/dist" "$root" >"$work/build.log" 2>&1 ||

@@ -18,14 +18,11 @@ import asyncio
 import logging
 from concurrent.futures import Future
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, Optional, Type, TypeVar
+from typing import Any, Callable, Optional, Self, Type, TypeVar
 
 from .client import LeaseClient
 from .exceptions import LockLost
 from .lock import DEFAULT_LEASE_DURATION, DEFAULT_WAIT_TIMEOUT, LeaseOptions, LeaseView, SyncDistributedLock
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 __all__ = ["DistributedLock"]
 

@@ -18,9 +18,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor  # imported where the pools are made, on first use
     from types import ModuleType
-    from typing import Any, Optional
-
-    from typing_extensions import Self
+    from typing import Any, Optional, Self
 
     from ._engine import Clock, Engine
 

@@ -21,10 +21,8 @@ from .lock import (
 )
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
-if TYPE_CHECKING:  # Python 3.9's typing has no ParamSpec; annotations are never evaluated at run time
-    from typing import Any, Awaitable, Callable, Coroutine, Optional, TypeVar
-
-    from typing_extensions import ParamSpec
+if TYPE_CHECKING:
+    from typing import Any, Awaitable, Callable, Coroutine, Optional, ParamSpec, TypeVar
 
     _P = ParamSpec("_P")
     _R = TypeVar("_R")

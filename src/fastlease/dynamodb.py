@@ -19,15 +19,13 @@ import logging
 import math
 import platform
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Type, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Self, Type, TypeVar
 
 from .client import LeaseClient
 from .exceptions import StoreConfigurationError, StoreRequestRejected, TransactionCanceled
 from .stores.dynamodb import Boto3Transport, DynamoDBStore, _import_boto3, _int_or_raw, condition_check
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
-
     from ._engine import Clock
 
 __all__ = ["DynamoDBClient", "SyncTransaction", "Transaction", "TransactionCanceled", "condition_check_item"]

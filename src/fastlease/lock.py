@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 import threading
 
 from . import _impl
-from ._logging import get_logger
 from ._typing import NamedTuple
 from .client import LeaseClient
 from .exceptions import FastleaseError, LockLost
@@ -21,15 +19,11 @@ from .exceptions import FastleaseError, LockLost
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:
     from types import TracebackType
-    from typing import Any, Callable, Optional, Type
-
-    from typing_extensions import Self
+    from typing import Any, Callable, Optional, Self, Type
 
     from ._engine import Lease  # type checkers read the one engine source
 
 __all__ = ["SyncDistributedLock", "LeaseView", "LeaseMetrics", "DEFAULT_LEASE_DURATION", "DEFAULT_WAIT_TIMEOUT"]
-
-_log = get_logger("fastlease.lock")
 
 DEFAULT_LEASE_DURATION = 30.0
 DEFAULT_WAIT_TIMEOUT = 35.0
@@ -137,12 +131,8 @@ class LeaseMetrics(NamedTuple):
 
 
 def attach_cleanup_error(body_error: BaseException, cleanup_error: BaseException) -> None:
-    """The body's exception wins; the cleanup failure rides along as a note (or a log on 3.9/3.10)."""
-    note = f"fastlease: while releasing after this error: {type(cleanup_error).__name__}: {cleanup_error}"
-    if sys.version_info >= (3, 11):
-        body_error.add_note(note)
-    else:
-        _log.warning("%s", note)
+    """The body's exception wins; the cleanup failure rides along as a note on it."""
+    body_error.add_note(f"fastlease: while releasing after this error: {type(cleanup_error).__name__}: {cleanup_error}")
 
 
 class LeaseView:
@@ -277,7 +267,7 @@ class SyncDistributedLock(LeaseView):
     no longer ours at the release (``stolen``), or validity lapsed (``expired``, ``unreachable``,
     ``cancelled``; the row is still deleted), since another owner may have run meanwhile; and
     ``LockReleaseError`` if the release stayed unconfirmed. When the block raised, its exception wins
-    and a cleanup failure is attached to it as a note (logged on Python 3.9 and 3.10).
+    and a cleanup failure is attached to it as a note.
     """
 
     __slots__ = ()

@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Optional, Type, Union, cast
+from typing import TYPE_CHECKING, Any, Optional, Self, Type, Union, cast
 
 from ..client import LeaseClient
 from ..exceptions import LockLost, LockNotAcquired
@@ -26,10 +26,8 @@ from .exceptions import (
 from .records import COMPLETED, DEFAULT_TTL, FAILED, RETRY_AFTER_S, Record
 from .serialization import JSON, Serializer, payload_fingerprint
 
-if TYPE_CHECKING:  # Python 3.9's typing has no Self; annotations are never evaluated at run time
+if TYPE_CHECKING:
     from concurrent.futures import Future
-
-    from typing_extensions import Self
 
 __all__ = ["AsyncIdempotentCall", "IdempotentCall", "RetryOn"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, TypeVar, Union, cast
+from typing import Any, Callable, Literal, Optional, ParamSpec, TypeVar, Union, cast
 
 from ..client import LeaseClient
 from ..lock import DEFAULT_LEASE_DURATION
@@ -13,13 +13,9 @@ from .calls import AsyncIdempotentCall, IdempotentCall, RetryOn, _CallSpec
 from .records import DEFAULT_TTL
 from .serialization import JSON, Serializer, payload_fingerprint
 
-if TYPE_CHECKING:  # Python 3.9's typing has no ParamSpec; annotations are never evaluated at run time
-    from typing_extensions import ParamSpec
-
-    _P = ParamSpec("_P")
-
 __all__ = ["idempotent"]
 
+_P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
