@@ -1,6 +1,9 @@
 """Uncontended acquire+release cycles per second on the in-memory store (``with``, decorator and
 ``async with``), side by side in one run:
 fastlease's compiled engine (c), the same engine interpreted (py) and pydynox 1.8.0's MemoryBackend.
+With opentelemetry-sdk installed, also both engines instrumented (``fastlease.otel.instrument``, rows
+``c otel`` and ``py otel``): every span is made and every metric point aggregated by the SDK, nothing
+is exported; the plain rows are the uninstrumented cost, one attribute check per event.
 
 Rounds are interleaved so that machine noise (±25% on shared 2-core hosts) hits every contender alike;
 the median and best round of each are printed, with the ratios. Run: ``make bench`` or
@@ -53,8 +56,17 @@ def context_and_decorator(lock_class: Any, decorator: Any, client: Any, async_cl
     return {"with": with_block, "decorator": decorated_calls, "async with": async_block}
 
 
-def fastlease_runners(core: Any) -> tuple[dict[str, Runner], Callable[[], None]]:
+def fastlease_runners(core: Any, otel: bool = False) -> tuple[dict[str, Runner], Callable[[], None]]:
     client = MemoryClient(_engine_module=core)
+    if otel:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+
+        from fastlease.otel import instrument
+
+        instrument(client, tracer_provider=TracerProvider(),
+                   meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]))
     return context_and_decorator(SyncDistributedLock, distributed_lock, client, DistributedLock), client.close
 
 
@@ -85,6 +97,13 @@ def main() -> int:
         contenders[f"pydynox {pydynox.__version__}"] = pydynox_runners()
     except ImportError:
         print("pydynox is not installed (make bench installs it); comparing c and py only", file=sys.stderr)
+    try:
+        import opentelemetry.sdk  # noqa: F401
+
+        contenders["c otel"] = fastlease_runners(compiled, otel=True)
+        contenders["py otel"] = fastlease_runners(interpreted, otel=True)
+    except ImportError:
+        print("opentelemetry-sdk is not installed (make bench installs it): no instrumented rows", file=sys.stderr)
 
     print(f"# memory_cycle: {args.rounds} interleaved rounds x {args.cycles} cycles, "
           f"Python {platform.python_version()}, {platform.machine()}, {time.strftime('%Y-%m-%d')}")
@@ -105,6 +124,9 @@ def main() -> int:
             medians[name] = statistics.median(values)
             print(f"{name:<16}{medians[name]:>17,.0f}{max(values):>15,.0f}{1e6 / medians[name]:>10.2f}")
         print(f"c / py: {medians['c'] / medians['py']:.2f}x")
+        if "c otel" in medians:
+            print(f"instrumented / plain: c {medians['c otel'] / medians['c']:.2f}x   "
+                  f"py {medians['py otel'] / medians['py']:.2f}x")
         for name in medians:
             if name.startswith("pydynox"):
                 print(f"c / {name}: {medians['c'] / medians[name]:.2f}x   "

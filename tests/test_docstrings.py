@@ -37,6 +37,7 @@ DEFINING_MODULES = (
     "fastlease.decorator",
     "fastlease.dynamodb",
     "fastlease.observations",
+    "fastlease.otel",
     "fastlease.cli",
     "fastlease._store_factory",
     "fastlease.demo",

@@ -2,8 +2,9 @@
 
 Lambda cold starts and every CLI call pay for the import. Each module below is loaded only when the
 feature that needs it is first used: the async guard (asyncio), a store client (sqlite3, ssl, boto3,
-redis), the decorator's signature binding (inspect), the interpreted engine (importlib.util), or a
-log call (logging); typing is never needed at run time (fastlease/_typing.py).
+redis), the decorator's signature binding (inspect), the interpreted engine (importlib.util), a log
+call (logging), or ``fastlease.otel`` (opentelemetry); typing is never needed at run time
+(fastlease/_typing.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import sys
 import pytest
 
 DEFERRED = ("asyncio", "typing", "logging", "inspect", "sqlite3", "ssl", "subprocess", "socket",
-            "importlib.util", "concurrent.futures", "boto3", "botocore", "redis", "uuid", "fastlease._engine_py")
+            "importlib.util", "concurrent.futures", "boto3", "botocore", "redis", "uuid", "fastlease._engine_py",
+            "opentelemetry", "fastlease.otel")
 
 
 def loaded_after(code: str, **env: str) -> list[str]:
@@ -37,6 +39,7 @@ def test_import_fastlease_loads_none_of_the_deferred_modules():
 @pytest.mark.parametrize(("use", "needs"), [
     ("import fastlease; fastlease.DistributedLock", "asyncio"),
     ("import fastlease; fastlease.SQLiteClient", "sqlite3"),
+    ("import fastlease.otel", "opentelemetry"),
     ("import fastlease; fastlease.distributed_lock(fastlease.MemoryClient(), table='locks', key='k')(lambda: 0)",
      "inspect"),
 ])

@@ -104,6 +104,8 @@ cdef class Lease:
     cdef int64_t _link_id
     cdef object _link
     cdef object _listener
+    cdef object _observer
+    cdef object _observed
     cdef int64_t _hint_ns
     cdef bint _row_seen
     cdef int64_t _acquire_start_ns
@@ -131,7 +133,7 @@ cdef class Lease:
     cdef _announce_lost(self, str cause)
     cdef _wait_turn(self, ReleaseSignals signals, int64_t delay_ns, bint after_attempt)
     @cython.locals(state=int)
-    cdef _fail_acquisition(self, int64_t start_ns)
+    cdef _fail_acquisition(self, int64_t start_ns, object error)
     cdef _mark_waiting(self, str owner, str version, int64_t deadline_ns)
     cdef object _put_or_read(self, int64_t deadline_ns)
     @cython.locals(now_ns=int64_t)
@@ -156,6 +158,7 @@ cdef class Lease:
     cpdef _end_delegation(self)
     @cython.locals(budget_ns=int64_t, deleted=bint, lapsed=bint)
     cpdef release(self)
+    cdef _hold_ended(self, object error)
     cdef int64_t _pause_before_retry(self, int64_t backoff_ns, int64_t deadline_ns) except? -1
     @cython.locals(deadline_ns=int64_t, backoff_ns=int64_t, now_ns=int64_t, ambiguous=bint)
     cdef bint _delete_owned(self, object owner, int64_t budget_ns, bint raise_on_failure=*) except -1
@@ -198,3 +201,4 @@ cdef class Engine:
     cdef public object release_feed
     cdef public object link
     cdef public object renewal_listener
+    cdef public object observer

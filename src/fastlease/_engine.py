@@ -160,6 +160,41 @@ SYSTEM_CLOCK = SystemClock()
 
 
 # ---------------------------------------------------------------------------------------------
+# Observer: told of each lease's events (fastlease.otel provides one)
+# ---------------------------------------------------------------------------------------------
+class Observer(Protocol):
+    """What a client's ``engine.observer`` is told, if it is set (``fastlease.otel.instrument`` sets
+    one). ``None``, the default, costs one attribute check per event. Each hook runs in the thread of
+    its event, outside the lease's mutex, and must not raise. A lease takes the observer when it is
+    made, so setting or clearing it changes leases made afterwards."""
+
+    def acquired(self, lease: Lease, wait_ns: int) -> Any:
+        """The caller's thread: the acquisition is confirmed after ``wait_ns`` on the client's clock.
+        Returns this hold's record (not None), handed to the hooks below until the hold ends."""
+
+    def acquire_failed(self, lease: Lease, wait_ns: int, error: Optional[BaseException]) -> None:
+        """The caller's thread: the acquisition was abandoned after ``wait_ns``; ``error`` is None when
+        the wait budget ran out or it was cancelled (it raises LockNotAcquired), else what ended it."""
+
+    def renewed(self, lease: Lease, hold: Any, renewals: int) -> None:
+        """``renewals`` more confirmed renewals of the hold: one at a time from this process's renewal
+        thread, or as many as a report of the renewal process applies (in the thread that applied it).
+        Together they are the hold's ``metrics.renewals``."""
+
+    def lost(self, lease: Lease, hold: Any, cause: str) -> None:
+        """The lease was lost (``stolen``, ``expired``, ``unreachable``, ``cancelled``), once per
+        lease, in the thread that found the loss (usually the renewal thread)."""
+
+    def released(self, lease: Lease, hold: Any, error: Optional[BaseException]) -> None:
+        """The hold is over (the caller's thread): released, with ``error`` None, or the release
+        raised ``error`` (LockLost with the cause, LockReleaseError). Once per hold."""
+
+    def idempotent_call(self, table: str, outcome: str) -> None:
+        """The idempotency layer: a call on record table ``table`` was entered as ``hit`` (replays a
+        stored outcome) or ``miss`` (runs), or refused as ``in_flight`` or ``mismatch``."""
+
+
+# ---------------------------------------------------------------------------------------------
 # Fork detection: clients and guards record the PID they were made in
 # ---------------------------------------------------------------------------------------------
 _process_id = os.getpid()
@@ -558,6 +593,9 @@ class Lease:
         # Capacity reported by stores from either thread; under _mutex.
         self._rcu = 0.0
         self._wcu = 0.0
+        # The observer's record of this hold (what Observer.acquired returned), or None: set by the
+        # caller's thread at the acquisition, taken (back to None) by the end of the hold.
+        self._observed: object = None
 
     def _bind(self, engine: Engine) -> None:
         """Take the client's engine state: the only thing of the client that a lease reads."""
@@ -577,6 +615,8 @@ class Lease:
         self._link = engine.link
         # Told of every confirmed renewal (the renewal process reports them to the holder), or None.
         self._listener = engine.renewal_listener
+        # Told of this lease's events (an Observer), or None: each event checks it, or _observed, once.
+        self._observer = engine.observer
 
     # ---- small helpers ---------------------------------------------------------------------
     def add_capacity(self, rcu: float, wcu: float) -> None:
@@ -638,10 +678,14 @@ class Lease:
 
     def _announce_lost(self, cause: str) -> None:
         """Runs once per lease, in the thread that found the loss (usually the renewal thread): stop
-        renewing, log, set the ``lost`` event, call ``on_lost`` (its exceptions are logged, not raised)."""
+        renewing, log, tell the observer, set the ``lost`` event, call ``on_lost`` (its exceptions are
+        logged, not raised)."""
         self._scheduler.cancel(self)
         self._end_delegation()
         _log.warning("lease lost: table=%s key=%r cause=%s", self.table, self.key, cause)
+        observed = self._observed
+        if observed is not None:
+            cast("Observer", self._observer).lost(self, observed, cause)
         with self._mutex:
             event = self._lost_event
             callback, self._on_lost = self._on_lost, None
@@ -774,6 +818,8 @@ class Lease:
                     # the budget limits waiting for contention, not the network.
                     if self._attempt(max(deadline_ns, self._mono() + request_timeout_ns(self.lease_ms))):
                         self._wait_ns = self._mono() - start_ns
+                        if self._observer is not None:  # (inside the try: should it raise, nothing is held)
+                            self._observed = self._observer.acquired(self, self._wait_ns)
                         acquired = True
                         return
                     delay_ns = min(self._hint_ns, int(POLL_INTERVAL_MS * _NS_PER_MS * (0.5 + random.random())))
@@ -791,8 +837,8 @@ class Lease:
                 self._wait_turn(signals, min(delay_ns, remaining_ns), True)
                 if self._cancelled:
                     break
-        except BaseException:
-            self._fail_acquisition(start_ns)
+        except BaseException as error:
+            self._fail_acquisition(start_ns, error)
             raise
         finally:
             if self._ticket is not None:
@@ -800,7 +846,7 @@ class Lease:
             if self._watch is not None:
                 self._feed.unwatch(self._watch)
                 self._watch = None
-        self._fail_acquisition(start_ns)
+        self._fail_acquisition(start_ns, None)
         if self._cancelled:
             raise LockNotAcquired(f"acquisition of {self.key!r} in table {self.table!r} was cancelled", key=self.key)
         self._wait_timeouts += 1
@@ -843,8 +889,9 @@ class Lease:
         """The feed saw the key released somewhere: wake this client's oldest waiter on it."""
         self._signals.notify(self._cache_key)
 
-    def _fail_acquisition(self, start_ns: int) -> None:
-        """The acquisition is abandoned (budget spent, error, interrupt): leave nothing behind."""
+    def _fail_acquisition(self, start_ns: int, error: Optional[BaseException]) -> None:
+        """The acquisition is abandoned (budget spent or cancelled: ``error`` None; an error, an
+        interrupt): leave nothing behind."""
         with self._mutex:
             state = self.state
             if state in (ACQUIRING, HELD):
@@ -859,6 +906,8 @@ class Lease:
         elif pending is not None:
             # A put that may have committed: remove it if it did, so nobody waits a lease for it.
             self._delete_owned(pending[0], cleanup_budget_ns(self.lease_ms))
+        if self._observer is not None:
+            self._observer.acquire_failed(self, self._wait_ns, error)
 
     def _attempt(self, deadline_ns: int) -> bool:
         """One acquisition step. True when held; False with ``_hint_ns`` set when contended."""
@@ -1111,6 +1160,9 @@ class Lease:
             return 0
         self._renewals += 1
         self._renew_errors = 0
+        observed = self._observed
+        if observed is not None:
+            cast("Observer", self._observer).renewed(self, observed, 1)
         if self._listener is not None:
             self._listener(self)
         return mono_ns + renew_interval_ns(self.lease_ms)
@@ -1137,16 +1189,21 @@ class Lease:
         Applied only while the lease is held and that stamp lies within the validity it extends, so a
         late confirmation never revives a lapsed or lost lease.
         """
+        renewed = 0
         with self._mutex:
             # A renewal counts only if its write was sent within the validity it extends: the
             # renewal process itself never reports one confirmed after validity ended.
             if self._valid_at(mono_ns, wall_ns):
+                renewed = counters[4] - self._renewals
                 self._renewals = counters[4]
                 if self.state == HELD and self._link_id:
                     self.version = version
                     self._set_validity(mono_ns, wall_ns)
             (self._renew_writes, self._renew_reads, self._renew_conditional_failures,
              self._renew_request_failures) = counters[:4]
+        observed = self._observed
+        if observed is not None and renewed > 0:
+            cast("Observer", self._observer).renewed(self, observed, renewed)
 
     def apply_loss(self, cause: str, counters: tuple[int, int, int, int, int]) -> None:
         """The renewal process lost the lease (the store refused a renewal, or it lapsed there). Its
@@ -1223,6 +1280,10 @@ class Lease:
         budget_ns = cleanup_budget_ns(self.lease_ms)
         try:
             deleted = self._delete_owned(self.owner, budget_ns, raise_on_failure=True)
+        except BaseException as failure:
+            if self._observed is not None:
+                self._hold_ended(failure)
+            raise
         finally:
             self._mutex.acquire()
             try:
@@ -1234,17 +1295,30 @@ class Lease:
             self._signals.released(self._cache_key, self._others_waiting, self._mono())
             cause = self.lost_cause
             if cause is None:
+                if self._observed is not None:
+                    self._hold_ended(None)
                 return
             # Ownership lapsed during the block (expired, unreachable, or max_hold's cancelled). The
             # row was still ours, but nobody can tell whether another owner acted in between.
-            raise LockLost(
+            lost = LockLost(
                 f"lease on {self.key!r} in table {self.table!r} lapsed before the block ended ({cause}): "
                 "its row is deleted, but another owner may have acted meanwhile",
                 key=self.key, cause=cause)
-        # The row was not ours any more: someone took over (or removed it). Fail closed.
-        self.note_stolen()
-        cause = cast(str, self.lost_cause)  # set by note_stolen(), or before, with the state LOST
-        raise LockLost(f"lease on {self.key!r} was lost before release: {cause}", key=self.key, cause=cause)
+        else:
+            # The row was not ours any more: someone took over (or removed it). Fail closed.
+            self.note_stolen()
+            cause = cast(str, self.lost_cause)  # set by note_stolen(), or before, with the state LOST
+            lost = LockLost(f"lease on {self.key!r} was lost before release: {cause}", key=self.key, cause=cause)
+        if self._observed is not None:
+            self._hold_ended(lost)
+        raise lost
+
+    def _hold_ended(self, error: Optional[BaseException]) -> None:
+        """Tell the observer, once, that the hold is over (``error``: what the release raised)."""
+        with self._mutex:
+            observed, self._observed = self._observed, None
+        if observed is not None:  # (checked again: another thread may have ended it since the caller looked)
+            cast("Observer", self._observer).released(self, observed, error)
 
     def released_by_store(self) -> None:
         """HELD/LOST -> RELEASED without a request: the caller's own atomic write, conditioned on our
@@ -1258,6 +1332,8 @@ class Lease:
         self._scheduler.cancel(self)
         self._end_delegation()
         self._signals.released(self._cache_key, False, self._mono())
+        if self._observed is not None:
+            self._hold_ended(None)
 
     def release_by_write(self, write: Callable[[float], bool], landed: Callable[[float], bool]) -> None:
         """Release through the caller's own atomic write, conditioned on our ownership, that also
@@ -1591,6 +1667,8 @@ class Engine:
         self.link: Any = None
         # The renewal process's own engine sets this: called after each confirmed renewal.
         self.renewal_listener: Optional[Callable[[Lease], None]] = None
+        # Told of every lease's events (fastlease.otel.instrument sets one), or None: see Observer.
+        self.observer: Optional[Observer] = None
 
     def close(self) -> None:
         """Stop renewing: held leases lapse locally at their validity; others recover their rows."""

@@ -10,11 +10,15 @@ loop's default one: a few waits of up to ``wait_timeout`` would otherwise starve
 * cancelled while releasing: the release goes on to completion; the cancellation is re-raised.
   (A store whose requests cannot block releases inline on the loop, which nothing can interrupt.)
 * nothing leaves a "Task exception was never retrieved" warning: background outcomes are consumed.
+
+As with ``asyncio.to_thread``, each step runs in a copy of the task's context (its ``contextvars``),
+so that what it reports (``fastlease.otel``'s spans) belongs to the task's current span.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from concurrent.futures import Future
 from types import TracebackType
@@ -35,7 +39,7 @@ def _run(client: LeaseClient, fn: Callable[..., _T], *args: Any, short: bool = F
     """Start ``fn(*args)`` on the client's executor (``short``: the pool for steps that never wait for
     contention, such as releases). The caller awaits it through ``_shielded``; follow-ups hang on
     the concurrent future itself, so they run even if the event loop is gone."""
-    return client._async_executor(short).submit(fn, *args)
+    return client._async_executor(short).submit(contextvars.copy_context().run, fn, *args)
 
 
 def _consume(future: "Future[Any]") -> None:

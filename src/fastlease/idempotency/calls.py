@@ -53,13 +53,14 @@ _NO_PAYLOAD = object()
 class _CallSpec:
     """What every call of one idempotent operation shares (validated once)."""
 
-    __slots__ = ("client", "store", "table", "lock_table", "lease", "ttl_ms", "serializer", "retry_on")
+    __slots__ = ("client", "engine", "store", "table", "lock_table", "lease", "ttl_ms", "serializer", "retry_on")
 
     def __init__(self, client: LeaseClient, table: str, lock_table: Optional[str], lease_duration: float,
                  wait: float, ttl: Optional[float], serializer: Serializer, retry_on: RetryOn) -> None:
         check_client(client)
         core = client.engine_module
         self.client = client
+        self.engine = client.engine  # its ``observer`` (fastlease.otel) is told each call's outcome
         self.store = client.store
         if not hasattr(self.store, "finish_if_owner"):
             raise TypeError(f"{type(client).__name__} has no idempotency records")
@@ -155,9 +156,13 @@ class IdempotentCall:
         if record is None or (record.expires_at_ms and record.expires_at_ms <= self._now_ms()):
             return False
         if record.fingerprint and self.fingerprint and record.fingerprint != self.fingerprint:
+            if spec.engine.observer is not None:
+                spec.engine.observer.idempotent_call(spec.table, "mismatch")
             raise IdempotencyKeyMismatch(
                 f"idempotency key {self.key!r} was used with a different payload", key=self.key
             )
+        if spec.engine.observer is not None and record.state in (COMPLETED, FAILED):
+            spec.engine.observer.idempotent_call(spec.table, "hit")  # a replayed failure is a hit too
         if record.state == COMPLETED:
             self.result = spec.serializer.loads(record.result)
         elif record.state == FAILED:
@@ -181,6 +186,8 @@ class IdempotentCall:
         return True
 
     def _in_progress(self) -> IdempotencyInProgress:
+        if self._spec.engine.observer is not None:
+            self._spec.engine.observer.idempotent_call(self._spec.table, "in_flight")
         return IdempotencyInProgress(
             f"a call with idempotency key {self.key!r} is in progress", key=self.key, retry_after=RETRY_AFTER_S
         )
@@ -301,6 +308,8 @@ class IdempotentCall:
             self._lock.__exit__(None, None, None)
             raise
         self.state = "PROCESSING"
+        if self._spec.engine.observer is not None:
+            self._spec.engine.observer.idempotent_call(self._spec.table, "miss")
         return self
 
     def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
