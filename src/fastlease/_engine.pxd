@@ -156,7 +156,7 @@ cdef class Lease:
     cdef int64_t _confirm_renewal(self, object old_version, str new_version, int64_t mono_ns, int64_t wall_ns) except? -1
     @cython.locals(link_id=int64_t)
     cpdef _end_delegation(self)
-    @cython.locals(budget_ns=int64_t, deleted=bint, lapsed=bint)
+    @cython.locals(budget_ns=int64_t, deleted=bint, lapsed=bint, synced=bint)
     cpdef release(self)
     cdef _hold_ended(self, object error)
     cdef int64_t _pause_before_retry(self, int64_t backoff_ns, int64_t deadline_ns) except? -1

@@ -1255,22 +1255,26 @@ class Lease:
         row, still ours, is deleted; another owner may have acted meanwhile); LockReleaseError if the
         delete stayed unconfirmed."""
         check_not_forked(self._pid)  # a forked child must not delete the row its parent still holds
-        if self._link_id:
-            self._link.sync()  # renewals the renewal process confirmed count before the check below
-        lapsed = False
-        self._mutex.acquire()  # (not `with`: see acquire)
-        try:
-            state = self.state
-            if state == HELD:
-                if self._valid_at(self._mono(), self._wall()):
-                    self.state = RELEASING
-                else:
-                    lapsed = True  # the block outlived validity before the renewal step noticed
-            elif state != LOST:
-                raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[state]}")
-        finally:
-            self._mutex.release()
-        if lapsed:
+        lapsed = synced = False
+        while True:  # at most twice: again only after the renewal process's reports are applied
+            self._mutex.acquire()  # (not `with`: see acquire)
+            try:
+                state = self.state
+                if state == HELD:
+                    lapsed = not self._valid_at(self._mono(), self._wall())
+                    if not lapsed:
+                        self.state = RELEASING
+                elif state != LOST:
+                    raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[state]}")
+            finally:
+                self._mutex.release()
+            if not lapsed or synced or not self._link_id:
+                break
+            # Validity here looks over, but reports may extend it (valid here means valid, so a hold
+            # that ends in time reads no report: no system call on the release's path).
+            self._link.sync()
+            synced = True
+        if lapsed:  # the block outlived validity, perhaps before any renewal step noticed
             self._mark_lost(self._lapse_cause())
         if self._scheduler.cancel(self):
             # A renewal write is in flight: let it finish, so that no renewal lands after the release.
