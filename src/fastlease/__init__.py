@@ -2,7 +2,7 @@
 for every store.
 
 ``import fastlease`` needs no optional client library and stays cheap: store clients, the async
-guard and whatever they need (boto3, redis, sqlite3, asyncio) load on first use.
+guard and whatever they need (boto3, redis, psycopg, sqlite3, asyncio) load on first use.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:  # type checkers see the lazily loaded names (below) as what they are
     from .aio import DistributedLock
     from .dynamodb import DynamoDBClient
+    from .postgres import PostgresClient
     from .redis import RedisClient
     from .sqlite import SQLiteClient
 
@@ -32,6 +33,7 @@ __all__ = [
     "LockReleaseError",
     "MemoryClient",
     "MemoryStore",
+    "PostgresClient",
     "RedisClient",
     "SQLiteClient",
     "SyncDistributedLock",
@@ -44,6 +46,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "DistributedLock": "aio",
     "DynamoDBClient": "dynamodb",
+    "PostgresClient": "postgres",
     "RedisClient": "redis",
     "SQLiteClient": "sqlite",
 }

@@ -86,6 +86,10 @@ def build_store(config: Any, credentials: Any) -> Any:
         from .stores.redis import RedisStore
 
         return RedisStore.from_renewal_config(config)
+    if kind == "postgres":
+        from .stores.postgres import PostgresStore
+
+        return PostgresStore.from_renewal_config(config, credentials)
     if kind == "dynamodb":
         from .stores._fastpath import FastTransport
         from .stores.dynamodb import DynamoDBStore
