@@ -309,3 +309,20 @@ def test_postgres_fixture_skips_locally_and_fails_under_ci_without_postgresql(tm
     ci = run("true")
     assert ci.returncode != 0, ci.stdout
     assert "CI=true: the PostgreSQL tests must run, but PostgreSQL is not installed" in ci.stdout, ci.stdout
+
+
+@pytest.mark.parametrize("run", ["first", "second"])
+def test_postgres_db_is_empty_for_each_test(postgres_db: str, run: str) -> None:
+    # Both runs leave a table behind: whichever runs second fails unless the fixture emptied the database.
+    import psycopg
+
+    with psycopg.connect(postgres_db) as connection:
+        tables = connection.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        ).fetchall()
+        assert tables == [], f"left by an earlier test: {tables}"
+        owner = connection.execute(
+            "SELECT nspowner::regrole::text = current_user FROM pg_namespace WHERE nspname = 'public'"
+        ).fetchone()
+        assert owner == (True,)
+        connection.execute(f"CREATE TABLE leftover_{run} (n int)")
