@@ -619,3 +619,30 @@ def test_the_package_keeps_the_names_of_the_single_module():
         Record,
         RetryOn,
     )
+
+
+def test_complete_in_outside_dynamodb_is_a_type_error_that_names_complete(tmp_path, postgres_db):
+    # complete_in puts the record into a DynamoDB transaction; on a store without one it used to fail
+    # with AttributeError ('Connection' object has no attribute 'put'). The call stays in progress.
+    import sqlite3
+
+    import psycopg
+
+    from fastlease.postgres import PostgresClient
+
+    postgres = PostgresClient(postgres_db)
+    postgres.create_idempotency_table("requests")
+    postgres.create_lock_table("requests_locks")
+    cases = [(SQLiteClient(tmp_path / "records.db"), sqlite3.connect(tmp_path / "records.db")),
+             (postgres, psycopg.connect(postgres_db)), (MemoryClient(), object())]
+    for client, transaction in cases:
+        with client:
+            with IdempotentCall(client, table="requests", key="order:1") as call:
+                with pytest.raises(TypeError, match=r"complete\(result\)") as refused:
+                    call.complete_in(transaction, {"ok": True})
+                assert type(client).__name__ in str(refused.value)
+                call.complete({"ok": True})  # still in progress: the normal completion works
+            with IdempotentCall(client, table="requests", key="order:1") as again:
+                assert again.replayed and again.result == {"ok": True}
+        if hasattr(transaction, "close"):
+            transaction.close()

@@ -137,6 +137,15 @@ class LeaseClient:
                 executor = self._short_executor if short else self._executor
         return cast("ThreadPoolExecutor", executor)  # made above if it was missing
 
+    def _record_in(self, transaction: Any, table: str, key: str, record: Any) -> None:
+        """Add an idempotency record's write to the caller's transaction; only DynamoDB has one that
+        can carry it."""
+        raise TypeError(
+            f"complete_in() adds the record to a DynamoDB transaction; {type(self).__name__} has none that can "
+            "carry it: commit your own transaction, then call complete(result), which stores the record and "
+            "releases the key in one atomic request while the lease is ours"
+        )
+
     def _condition_check_item(self, lease: Any) -> dict[str, Any]:
         """The raw transaction entry that checks ``lease``; only DynamoDB has one."""
         raise TypeError(

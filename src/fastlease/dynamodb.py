@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Self, Type, 
 
 from .client import LeaseClient
 from .exceptions import StoreConfigurationError, StoreRequestRejected, TransactionCanceled
-from .stores.dynamodb import Boto3Transport, DynamoDBStore, _import_boto3, _int_or_raw, condition_check
+from .stores.dynamodb import Boto3Transport, DynamoDBStore, _import_boto3, _int_or_raw, condition_check, record_item
 
 if TYPE_CHECKING:
     from ._engine import Clock
@@ -336,6 +336,12 @@ class DynamoDBClient(LeaseClient):
 
     def _condition_check_item(self, lease: Any) -> dict[str, Any]:
         return condition_check_item(lease)
+
+    def _record_in(self, transaction: Any, table: str, key: str, record: Any) -> None:
+        if not isinstance(transaction, SyncTransaction):  # Transaction (async) is a subclass
+            kind = type(transaction).__name__
+            raise TypeError(f"complete_in takes a fastlease.dynamodb Transaction or SyncTransaction, got {kind}")
+        transaction.put(table, record_item(key, record))
 
 
 def condition_check_item(lease: Any) -> dict[str, Any]:

@@ -268,10 +268,8 @@ class IdempotentCall:
         committed, leaving the block only releases the lease."""
         if self.state != "PROCESSING":
             raise RuntimeError(f"complete_in() needs a call in progress, this one is {self.state.lower()}")
-        from ..stores.dynamodb import record_item
-
         record = self._record(COMPLETED, self._spec.serializer.dumps(result))
-        transaction.put(self._spec.table, record_item(self.key, record))
+        self._spec.client._record_in(transaction, self._spec.table, self.key, record)
         self._transaction = transaction
         self.result = result
         self.state = "COMPLETING"
