@@ -2,12 +2,13 @@
 
 ``cli.py`` and ``demo.py`` both build their clients here, so an option means the same thing in each
 and a bad one gets the same message. They differ only in what they do when an option is left out,
-before calling in: the inspecting commands read ``./fastlease.db`` and the Redis at
-``$FASTLEASE_REDIS_URL`` (else 127.0.0.1:6379), while the demo makes a temporary file and starts a
-moto server or a ``redis-server`` of its own.
+before calling in: the inspecting commands read ``./fastlease.db``, the Redis at
+``$FASTLEASE_REDIS_URL`` (else 127.0.0.1:6379) and the PostgreSQL at ``$FASTLEASE_POSTGRES_DSN`` (else
+they refuse to guess), while the demo makes a temporary file and starts a moto server, a
+``redis-server`` or a throwaway PostgreSQL cluster of its own.
 
-Clients whose store needs an optional library (boto3, redis-py) are imported only when that store is
-chosen, so the command starts without them.
+Clients whose store needs an optional library (boto3, redis-py, psycopg) are imported only when that
+store is chosen, so the command starts without them.
 """
 
 from __future__ import annotations
@@ -22,17 +23,26 @@ from .memory import MemoryClient
 from .sqlite import SQLiteClient
 from .stores.memory import MemoryStore
 
-STORES = ("sqlite", "dynamodb", "redis", "memory")
+STORES = ("sqlite", "dynamodb", "redis", "postgres", "memory")
 DEFAULT_SQLITE_PATH = "fastlease.db"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_URL_VARIABLE = "FASTLEASE_REDIS_URL"
+POSTGRES_DSN_VARIABLE = "FASTLEASE_POSTGRES_DSN"
+#: The shape of a DSN, for messages that ask for one.
+DSN_EXAMPLE = "postgresql://USER@HOST:5432/DBNAME"
 
 #: The optional library each store needs: (importable module, its name for people, the extra to install).
-_LIBRARIES = {"dynamodb": ("boto3", "boto3", "dynamodb"), "redis": ("redis", "redis-py", "redis")}
+_LIBRARIES = {"dynamodb": ("boto3", "boto3", "dynamodb"), "redis": ("redis", "redis-py", "redis"),
+              "postgres": ("psycopg", "psycopg 3", "postgres")}
 
 
 class StoreOptionError(ValueError):
     """A store option that cannot work as given; the message names the value and how to fix it."""
+
+
+class BadConnectionString(StoreOptionError):
+    """A PostgreSQL DSN (``--dsn`` or ``$FASTLEASE_POSTGRES_DSN``) that cannot be a connection string: a
+    bad command line, so the command exits 2. The message hides any password."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +52,7 @@ class StoreOptions:
 
     ``store`` is ``--store``; ``path`` is ``--path`` (the SQLite file); ``endpoint_url`` and
     ``region`` are ``--endpoint-url`` and ``--region`` (DynamoDB; None: the AWS configuration);
-    ``url`` is ``--url`` (the Redis URL).
+    ``url`` is ``--url`` (the Redis URL); ``dsn`` is ``--dsn`` (the PostgreSQL connection string).
     """
 
     store: str = "sqlite"
@@ -50,6 +60,7 @@ class StoreOptions:
     endpoint_url: Optional[str] = None
     region: Optional[str] = None
     url: Optional[str] = None
+    dsn: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.store not in STORES:
@@ -63,6 +74,34 @@ def _alternatives(names: Sequence[str]) -> str:
 def redis_url_from_environment(options: StoreOptions) -> Optional[str]:
     """``--url``, else ``$FASTLEASE_REDIS_URL``, else None (the caller picks the fallback)."""
     return options.url or os.environ.get(REDIS_URL_VARIABLE) or None
+
+
+def postgres_dsn_from_environment(options: StoreOptions) -> Optional[str]:
+    """``--dsn``, else ``$FASTLEASE_POSTGRES_DSN``, else None (the demo then starts a server; the
+    other commands refuse)."""
+    return options.dsn or os.environ.get(POSTGRES_DSN_VARIABLE) or None
+
+
+def check_postgres_dsn(dsn: str, source: str = "--dsn") -> None:
+    """Raise BadConnectionString unless libpq can parse ``dsn`` (a URI or ``key=value`` settings) and
+    its ports are port numbers; nothing is sent. ``source`` names where it came from, for the message."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    from .postgres import _without_password
+
+    try:
+        settings = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as error:
+        problem = str(error).strip()
+    else:
+        ports = [port for port in str(settings.get("port") or "").split(",") if port]
+        bad = [port for port in ports if not (port.isdigit() and 1 <= int(port) <= 65535)]
+        if not bad:
+            return
+        problem = f"port {bad[0]!r} is not a number from 1 to 65535"
+    raise BadConnectionString(f"bad PostgreSQL connection string {_without_password(dsn)!r} ({source}): {problem}; "
+                              f"pass a URI like {DSN_EXAMPLE} or key=value settings like 'host=HOST dbname=DB'")
 
 
 def require_library(store: str) -> None:
@@ -79,12 +118,14 @@ def client_from_options(options: StoreOptions, *, memory_store: Optional[MemoryS
                         must_exist: bool = False, shared_observations: bool = False) -> LeaseClient:
     """The client for ``options``.
 
-    Left out, ``--path`` is ``./fastlease.db`` and ``--url`` is ``$FASTLEASE_REDIS_URL`` or
-    ``redis://127.0.0.1:6379/0``. ``must_exist`` refuses a SQLite file that does not exist yet (opening
-    one creates it: commands that only inspect must not). ``memory_store`` is the MemoryStore a memory
-    client uses (a new one if None). ``shared_observations`` as for every client. Raises
+    Left out, ``--path`` is ``./fastlease.db``, ``--url`` is ``$FASTLEASE_REDIS_URL`` or
+    ``redis://127.0.0.1:6379/0``, and ``--dsn`` is ``$FASTLEASE_POSTGRES_DSN`` (without either,
+    StoreOptionError: there is no server to guess). ``must_exist`` refuses a SQLite file that does not
+    exist yet (opening one creates it: commands that only inspect must not). ``memory_store`` is the
+    MemoryStore a memory client uses (a new one if None). ``shared_observations`` as for every client. Raises
     StoreOptionError for an option that cannot work, and what the client raises for a bad value
-    (a bad Redis URL: ValueError; a SQLite file in a missing directory: StoreError).
+    (a bad Redis URL: ValueError; a SQLite file in a missing directory: StoreError), or
+    BadConnectionString for a DSN that cannot be one.
     """
     require_library(options.store)
     if options.store == "sqlite":
@@ -102,4 +143,13 @@ def client_from_options(options: StoreOptions, *, memory_store: Optional[MemoryS
 
         return RedisClient(redis_url_from_environment(options) or DEFAULT_REDIS_URL,
                            shared_observations=shared_observations)
+    if options.store == "postgres":
+        from .postgres import PostgresClient
+
+        dsn = postgres_dsn_from_environment(options)
+        if dsn is None:
+            raise StoreOptionError(f"--store postgres needs a server: pass --dsn {DSN_EXAMPLE} or set "
+                                   f"${POSTGRES_DSN_VARIABLE}")
+        check_postgres_dsn(dsn, "--dsn" if options.dsn else f"${POSTGRES_DSN_VARIABLE}")
+        return PostgresClient(dsn, shared_observations=shared_observations)
     return MemoryClient(store=memory_store, shared_observations=shared_observations)

@@ -1,19 +1,22 @@
 """The ``fastlease`` command (also ``python -m fastlease``): inspect and operate lock tables, run the demo.
 
-    fastlease create-table NAME [--endpoint-url URL] [--region R]      (DynamoDB)
+    fastlease create-table NAME [--endpoint-url URL] [--region R]      (DynamoDB, the default)
+    fastlease create-table NAME --store postgres [--dsn DSN]           (PostgreSQL)
     fastlease status KEY --table T [store options]
     fastlease list --table T [store options]
     fastlease release KEY --table T --force [store options]
-    fastlease demo [--store sqlite|dynamodb|redis|memory] [--workers N] [--seconds S]
+    fastlease demo [--store sqlite|dynamodb|redis|postgres|memory] [--workers N] [--seconds S]
     fastlease --version
 
 Store options: ``--store sqlite`` (the default; ``--path``, default ``./fastlease.db``), ``--store
-dynamodb`` (``--endpoint-url``, ``--region``; credentials from the usual AWS chain) or ``--store redis``
-(``--url``, default ``$FASTLEASE_REDIS_URL`` or ``redis://127.0.0.1:6379/0``). The demo takes the same
-options, built into a client by the same factory (``_store_factory.py``); where one is left out, it
-makes a temporary file or starts a server of its own. Every command takes ``--json``. User errors
-print one line and exit 1, never a traceback; a bad command line exits 2, and so does a key or table
-name that the library would refuse (checked with the engine's own rules before any store is reached).
+dynamodb`` (``--endpoint-url``, ``--region``; credentials from the usual AWS chain), ``--store redis``
+(``--url``, default ``$FASTLEASE_REDIS_URL`` or ``redis://127.0.0.1:6379/0``) or ``--store postgres``
+(``--dsn``, default ``$FASTLEASE_POSTGRES_DSN``; without either, the commands other than the demo
+refuse). The demo takes the same options, built into a client by the same factory
+(``_store_factory.py``); where one is left out, it makes a temporary file or starts a server of its
+own. Every command takes ``--json``. User errors print one line and exit 1, never a traceback; a bad
+command line exits 2, and so do a key or table name that the library would refuse (checked with the
+engine's own rules before any store is reached) and a DSN that cannot be a connection string.
 Nothing is deleted without ``--force``.
 """
 
@@ -30,8 +33,11 @@ from . import __version__, _impl, demo
 from ._store_factory import (
     DEFAULT_REDIS_URL,
     DEFAULT_SQLITE_PATH,
+    DSN_EXAMPLE,
+    POSTGRES_DSN_VARIABLE,
     REDIS_URL_VARIABLE,
     STORES,
+    BadConnectionString,
     StoreOptions,
     client_from_options,
 )
@@ -39,11 +45,14 @@ from .client import LeaseClient
 from .exceptions import FastleaseError
 from .stores.base import NO_USAGE
 
-if TYPE_CHECKING:  # annotations only: boto3's client is imported when --store dynamodb is chosen
+if TYPE_CHECKING:  # annotations only: boto3's and psycopg's clients are imported when their store is chosen
     from .dynamodb import DynamoDBClient
+    from .postgres import PostgresClient
 
 #: The stores the inspecting commands can reach: a memory store lives inside one process.
 INSPECTABLE = tuple(store for store in STORES if store != "memory")
+#: The stores whose tables ``create-table`` makes (SQLite and Redis need none made); the first is the default.
+TABLE_STORES = ("dynamodb", "postgres")
 
 
 class UserError(Exception):
@@ -58,6 +67,8 @@ class BadArgument(Exception):
 KEY_HELP = "the lock key: 1-2,048 UTF-8 bytes"
 TABLE_RULE = "3-255 characters of A-Z a-z 0-9 _ . -"
 TABLE_HELP = f"the lock table: {TABLE_RULE}"
+DSN_HELP = (f"PostgreSQL connection string, a URI ({DSN_EXAMPLE}) or key=value settings; a password in it is "
+            f"never printed (default ${POSTGRES_DSN_VARIABLE}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,12 +86,17 @@ def _parser() -> argparse.ArgumentParser:
                                               f"--endpoint-url: {demo.MOTO_REGION})")
         command.add_argument("--url", help=f"Redis URL (default ${REDIS_URL_VARIABLE}, else {DEFAULT_REDIS_URL}; "
                                            "demo: else a local redis-server it starts)")
+        command.add_argument("--dsn", help=f"{DSN_HELP}; demo: else a throwaway local PostgreSQL server it starts)")
         command.add_argument("--json", action="store_true", help="print JSON")
 
-    create = commands.add_parser("create-table", help="create a DynamoDB lock table")
+    create = commands.add_parser("create-table", help="create a DynamoDB or PostgreSQL lock table")
     create.add_argument("name", metavar="NAME", help=f"the new table's name: {TABLE_RULE}")
+    create.add_argument("--store", default=TABLE_STORES[0], choices=TABLE_STORES,
+                        help="dynamodb (the default: fails if the table exists) or postgres (a rerun on a table "
+                             "with fastlease's columns does nothing)")
     create.add_argument("--endpoint-url", help="DynamoDB endpoint (default: the AWS configuration)")
     create.add_argument("--region", help="DynamoDB Region (default: the AWS configuration)")
+    create.add_argument("--dsn", help=f"{DSN_HELP})")
     create.add_argument("--json", action="store_true", help="print JSON")
 
     status = commands.add_parser("status", help="who holds a key, and since when this host has seen it unchanged")
@@ -127,9 +143,9 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def store_options(args: argparse.Namespace) -> StoreOptions:
-    """The store options of a parsed command line (``create-table`` has only the DynamoDB ones)."""
-    return StoreOptions(getattr(args, "store", "dynamodb"), path=getattr(args, "path", None),
-                        endpoint_url=args.endpoint_url, region=args.region, url=getattr(args, "url", None))
+    """The store options of a parsed command line (``create-table`` has only the DynamoDB and PostgreSQL ones)."""
+    return StoreOptions(args.store, path=getattr(args, "path", None), endpoint_url=args.endpoint_url,
+                        region=args.region, url=getattr(args, "url", None), dsn=args.dsn)
 
 
 def _client(args: argparse.Namespace) -> LeaseClient:
@@ -137,11 +153,13 @@ def _client(args: argparse.Namespace) -> LeaseClient:
     options = store_options(args)
     if options.store not in INSPECTABLE:
         raise UserError(f"--store {options.store} lives inside one process and cannot be inspected from the "
-                        "command line; pass --store sqlite, dynamodb or redis")
+                        f"command line; pass --store {', '.join(INSPECTABLE[:-1])} or {INSPECTABLE[-1]}")
     return client_from_options(options, must_exist=True, shared_observations=True)
 
 
 def _create_table(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
+    if args.store == "postgres":
+        return _create_postgres_table(args, out)
     client = cast("DynamoDBClient", client_from_options(store_options(args)))
     try:
         if client.lock_table_exists(args.name):
@@ -150,6 +168,24 @@ def _create_table(args: argparse.Namespace, out: Callable[[Any, str], None]) -> 
     finally:
         client.close()
     out({"created": args.name}, f"created lock table {args.name!r}")
+    return 0
+
+
+def _create_postgres_table(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
+    """``CREATE TABLE IF NOT EXISTS``, then a check of the columns: a rerun (a deployment script run
+    twice) succeeds and changes nothing, while a table of the same name with other columns is refused."""
+    client = cast("PostgresClient", client_from_options(store_options(args)))
+    try:
+        existed = client.lock_table_exists(args.name)
+        client.create_lock_table(args.name)
+        where = client.store.describe()
+    finally:
+        client.close()
+    if existed:
+        out({"created": False, "exists": args.name},
+            f"lock table {args.name!r} already exists on {where} with fastlease's columns; nothing to do")
+    else:
+        out({"created": args.name}, f"created lock table {args.name!r} on {where}")
     return 0
 
 
@@ -250,6 +286,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.monotonic()
     try:
         return COMMANDS[args.command](args, out)
+    except BadConnectionString as error:  # a bad command line, found once the store's library is known present
+        print(f"fastlease {args.command}: error: {error}", file=sys.stderr)
+        return 2
     except (UserError, FastleaseError, ValueError, TypeError, OSError, sqlite3.Error) as error:
         message = str(error) or type(error).__name__
         print(f"fastlease {args.command}: error: {message}", file=sys.stderr)

@@ -6,8 +6,9 @@ Halfway through, the demo SIGKILLs a worker while it holds a lease: it never rel
 renewals stop. Another worker takes the key over once it has seen the abandoned row unchanged for
 one full lease. The demo prints progress every second, then a table per worker and the takeover time.
 
-Before any worker starts, one read with a short timeout checks that the store answers: a store that
-cannot be reached ends the demo with one line naming it and the error, not a run of timeouts.
+Before any worker starts, the demo makes its lock table where the store needs one made (DynamoDB,
+PostgreSQL), and one read with a short timeout checks that the store answers: a store that cannot be
+reached ends the demo with one line naming it and the error, not a run of timeouts.
 
 On the memory store the workers are threads of this process (the store lives in one process), and
 the "kill" stops the holder's renewals and abandons its row instead.
@@ -27,14 +28,22 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
-from ._store_factory import StoreOptions, client_from_options, redis_url_from_environment, require_library
+from ._store_factory import (
+    StoreOptions,
+    check_postgres_dsn,
+    client_from_options,
+    postgres_dsn_from_environment,
+    redis_url_from_environment,
+    require_library,
+)
 from .exceptions import LockLost, LockNotAcquired
 from .lock import SyncDistributedLock
 from .stores.base import NO_USAGE
 from .stores.memory import MemoryStore
 
-if TYPE_CHECKING:  # annotations only: boto3's client is imported when --store dynamodb is chosen
+if TYPE_CHECKING:  # annotations only: boto3's and psycopg's clients are imported when their store is chosen
     from .dynamodb import DynamoDBClient
+    from .postgres import PostgresClient
 
 CUSTOMERS = ("acme", "globex", "initech")
 TABLE = "demo_locks"
@@ -117,8 +126,9 @@ def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore
 
 def prepare_store(options: StoreOptions, cleanup: list[Callable[[], object]],
                   say: Callable[[str], None]) -> StoreOptions:
-    """The options the workers use: a temporary SQLite file, a moto server or a redis-server of the
-    demo's own (stopped through ``cleanup``) wherever ``options`` name none. One client is built here,
+    """The options the workers use: a temporary SQLite file, a moto server, a redis-server or a
+    throwaway PostgreSQL cluster of the demo's own (stopped through ``cleanup``) wherever ``options``
+    name none. One client is built here,
     in the parent, so a bad option fails once, with the message the other commands give for it, and
     before anything is printed."""
     require_library(options.store)  # before any server is started for a store that cannot be used
@@ -159,6 +169,15 @@ def prepare_store(options: StoreOptions, cleanup: list[Callable[[], object]],
 
         options = replace(options, url=redis_url_from_environment(options))  # --url, else $FASTLEASE_REDIS_URL
         where = f"Redis at {_safe_url(cast(str, options.url))}"
+    elif options.store == "postgres" and postgres_dsn_from_environment(options) is None:
+        options, where = _start_postgres(options, cleanup)
+    elif options.store == "postgres":
+        from .postgres import _without_password
+
+        dsn = cast(str, postgres_dsn_from_environment(options))  # --dsn, else $FASTLEASE_POSTGRES_DSN
+        check_postgres_dsn(dsn, "--dsn" if options.dsn else "$FASTLEASE_POSTGRES_DSN")
+        options = replace(options, dsn=dsn)
+        where = f"PostgreSQL at {_without_password(dsn)}"
     else:
         where = "in-memory (workers are threads of this process; the crash is simulated)"
     client = client_from_options(options)
@@ -170,15 +189,39 @@ def prepare_store(options: StoreOptions, cleanup: list[Callable[[], object]],
     return options
 
 
+def _start_postgres(options: StoreOptions, cleanup: list[Callable[[], object]]) -> tuple[StoreOptions, str]:
+    """A throwaway PostgreSQL cluster for ``--store postgres`` without a DSN (stopped, and its directory
+    removed, through ``cleanup``): the options that reach it, and where it is. DemoError, saying so and
+    what to do instead, when PostgreSQL is not installed or does not start."""
+    from .testing.postgres_server import DEBIAN_BIN_DIRS, PostgresServer, PostgresServerUnavailable, postgres_bin_dir
+
+    without = "--store postgres without --dsn (or $FASTLEASE_POSTGRES_DSN) starts a throwaway local PostgreSQL server"
+    if postgres_bin_dir() is None:
+        raise DemoError(f"{without}, but initdb is not available (not in $PG_BINDIR, on PATH or in "
+                        f"{DEBIAN_BIN_DIRS}): install PostgreSQL (apt-get install -y postgresql, or set PG_BINDIR "
+                        "to the directory of initdb and postgres), or pass --dsn to use a server you run")
+    server = PostgresServer()
+    try:
+        dsn = server.start()
+    except PostgresServerUnavailable as error:
+        raise DemoError(f"{without}, but it did not start: {' '.join(str(error).split())}; pass --dsn to use a "
+                        "server you run") from None
+    cleanup.append(server.stop)
+    return (replace(options, dsn=dsn),
+            f"PostgreSQL on a throwaway local server (no --dsn given), {dsn} (pid {server.pid}), removed at the end")
+
+
 def _check_store(client: Any, store: str, where: str) -> None:
-    """Make the demo's table (DynamoDB) and read one key with a short timeout, through the request
-    path the workers use: a store that is unreachable, or refuses the demo, fails here, once, before
-    any worker starts, with a DemoError naming it."""
+    """Make the demo's table (DynamoDB, PostgreSQL) and read one key with a short timeout, through the
+    request path the workers use: a store that is unreachable, or refuses the demo, fails here, once,
+    before any worker starts, with a DemoError naming it."""
     try:
         if store == "dynamodb":
             dynamodb = cast("DynamoDBClient", client)
             if not dynamodb.lock_table_exists(TABLE):
                 dynamodb.create_lock_table(TABLE, wait=True)
+        elif store == "postgres":  # lock operations never create tables: the demo deploys its own
+            cast("PostgresClient", client).create_lock_table(TABLE)
         client.store.read(TABLE, PROBE_KEY, PROBE_TIMEOUT_S, NO_USAGE)
     except Exception as error:  # noqa: BLE001 - store errors and the SDK's own: one line, not a traceback
         raise DemoError(f"cannot reach the store ({where}): {_error_text(error)}") from None
