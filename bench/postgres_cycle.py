@@ -31,7 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import handoff
 import psycopg
@@ -110,34 +110,25 @@ def measure(contender: Contender, count: int) -> None:
     contender.renewer_cpu_us.append((cpu_seconds_of(renewer) - other) / count * 1e6)
 
 
-@contextlib.contextmanager
-def traced(connections: list[Any]) -> Iterator[Callable[[], int]]:
-    """libpq's protocol trace on ``connections``; yields a function that counts the ReadyForQuery
-    messages received so far (one per request the client sent and waited for)."""
-    with tempfile.TemporaryFile("w+") as trace:
-        for connection in connections:
+def count_round_trips(name: str, contender: Contender) -> None:
+    """COUNTED_CYCLES cycles under libpq's protocol trace (a file per connection, each flushed when its
+    trace stops); round trips = the ReadyForQuery messages received, per cycle."""
+    connections = contender.connections()
+    with contextlib.ExitStack() as stack:
+        traces = [stack.enter_context(tempfile.TemporaryFile("w+")) for _ in connections]
+        for connection, trace in zip(connections, traces):
             connection.pgconn.trace(trace.fileno())
             connection.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-
-        def count() -> int:
-            trace.flush()
-            with open(trace.fileno(), closefd=False) as reader:
-                reader.seek(0)
-                return sum(1 for line in reader if line.startswith("B\t") and "\tReadyForQuery" in line)
-
         try:
-            yield count
+            for _ in range(COUNTED_CYCLES):
+                contender.cycle()
         finally:
             for connection in connections:
-                connection.pgconn.untrace()
-
-
-def count_round_trips(name: str, contender: Contender) -> None:
-    connections = contender.connections()
-    with traced(connections) as count:
-        for _ in range(COUNTED_CYCLES):
-            contender.cycle()
-        found = count()
+                connection.pgconn.untrace()  # flushes libpq's buffer of that trace
+        found = 0
+        for trace in traces:
+            trace.seek(0)
+            found += sum(1 for line in trace if line.startswith("B\t") and "\tReadyForQuery" in line)
     if {id(c) for c in contender.connections()} != {id(c) for c in connections}:  # a new one was untraced
         print(f"  ({name}: a connection was opened during the count; its round trips are missing)")
     contender.round_trips = found / COUNTED_CYCLES
