@@ -18,6 +18,9 @@ working directory, the same moto state and the same Redis data, so an example th
 ``<!-- test: redis -->``
     the session's ``redis-server`` (the ``redis_url`` fixture of ``tests/conftest.py``) is emptied, and
     its URL is both the environment variable ``REDIS_URL`` and a global name ``REDIS_URL``.
+``<!-- test: postgres -->``
+    an empty database on the session's PostgreSQL server (the ``postgres_db`` fixture of
+    ``tests/conftest.py``): its DSN is both the environment variable ``POSTGRES_DSN`` and a global name.
 ``<!-- test: server -->``
     the example starts a service process of its own (a moto server, a ``redis-server``). Like ``redis``,
     it gives the test pytest's ``server`` mark, which the wheel tests deselect (``-m "not server"``).
@@ -35,8 +38,8 @@ working directory, the same moto state and the same Redis data, so an example th
 There is no marker that skips a block. Blocks in other languages are not executed, but every ```json
 block must parse, and every relative link must point to an existing file (and heading, for links into
 another Markdown file). The Lua scripts and SQL statements that ``docs/protocol.md`` quotes must still
-be in the store modules, word for word. The README's Redis fencing script (``FENCED_WRITE``) also runs
-on its own in ``tests/stores/test_redis.py``.
+be in the store modules (Redis; SQLite or PostgreSQL), word for word. The README's Redis fencing script
+(``FENCED_WRITE``) also runs on its own in ``tests/stores/test_redis.py``.
 """
 
 from __future__ import annotations
@@ -57,8 +60,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-MARKERS = frozenset({"dynamodb", "redis", "server", "continue", "pytest", "conftest"})
-SERVER_MARKERS = frozenset({"redis", "server"})  # the test needs (or starts) a service process
+MARKERS = frozenset({"dynamodb", "redis", "postgres", "server", "continue", "pytest", "conftest"})
+SERVER_MARKERS = frozenset({"redis", "postgres", "server"})  # the test needs (or starts) a service process
 PYTEST_TIMEOUT_S = 300  # bound for one example test module run in a subprocess
 
 _FENCE = re.compile(r"^(\s*)```([\w+-]*)\s*$")
@@ -163,6 +166,10 @@ def _run_in_namespace(chain: list[Block], setup: frozenset, request: pytest.Fixt
             admin.close()
         monkeypatch.setenv("REDIS_URL", url)
         module.__dict__["REDIS_URL"] = url
+    if "postgres" in setup:
+        dsn = request.getfixturevalue("postgres_db")
+        monkeypatch.setenv("POSTGRES_DSN", dsn)
+        module.__dict__["POSTGRES_DSN"] = dsn
     initial = dict(module.__dict__)
     for run in (1, 2):  # a rerun finds what the first run left: files, tables, records
         module.__dict__.clear()
@@ -315,16 +322,20 @@ def test_relative_links_point_to_existing_files(path: Path) -> None:
 
 
 # The modules as imported (the installed package when a wheel is tested, where no src/ is beside tests/).
-QUOTED_SOURCES = {language: Path(importlib.util.find_spec(module).origin)  # type: ignore[union-attr,arg-type]
-                  for language, module in (("lua", "fastlease.stores.redis"), ("sql", "fastlease.stores.sqlite"))}
+QUOTED_SOURCES = {language: [Path(importlib.util.find_spec(module).origin)  # type: ignore[union-attr,arg-type]
+                              for module in modules]
+                  for language, modules in (("lua", ["fastlease.stores.redis"]),
+                                            ("sql", ["fastlease.stores.sqlite", "fastlease.stores.postgres"]))}
 QUOTED = [block for block in BLOCKS if block.path.name == "protocol.md" and block.language in QUOTED_SOURCES]
 
 
 @pytest.mark.parametrize("block", QUOTED, ids=[block.id for block in QUOTED])
 def test_protocol_scripts_and_statements_are_quoted_verbatim(block: Block) -> None:
-    """docs/protocol.md quotes the Redis scripts and SQLite statements: each must still be in the store."""
-    source = QUOTED_SOURCES[block.language].read_text(encoding="utf-8")
-    assert block.code.strip() in source, f"{block.id} no longer matches {QUOTED_SOURCES[block.language].name}"
+    """docs/protocol.md quotes the Redis scripts and the SQLite and PostgreSQL statements: each must still
+    be in a store module, word for word."""
+    paths = QUOTED_SOURCES[block.language]
+    assert any(block.code.strip() in path.read_text(encoding="utf-8") for path in paths), (
+        f"{block.id} no longer matches {' or '.join(path.name for path in paths)}")
 
 
 # ---- the repository cites only itself ------------------------------------------------------------

@@ -23,7 +23,9 @@ class PostgresClient(LeaseClient):
     ``psycopg_pool.ConnectionPool`` whose connection settings (host, database, user, password, TLS,
     ...) are used. Lock requests never run on your connections: the client opens its own, in
     autocommit mode, one per concurrent request, each request bounded by its timeout. Nothing is sent
-    until the first request.
+    until the first request. ``server_timeouts=False`` leaves the server's ``statement_timeout`` and
+    ``lock_timeout`` alone (behind a transaction-pooling PgBouncer: see docs/operations.md); each request
+    is still bounded by the client's own deadline.
 
     Create the tables once, at deployment: ``client.create_lock_table("locks")`` and, for idempotency
     keys, ``client.create_idempotency_table("requests")``; lock operations never create tables.
@@ -34,9 +36,12 @@ class PostgresClient(LeaseClient):
 
     store: PostgresStore
 
-    def __init__(self, target: Any, *, clock: Optional[Clock] = None, **engine: Any) -> None:
+    def __init__(self, target: Any, *, clock: Optional[Clock] = None, server_timeouts: bool = True,
+                 **engine: Any) -> None:
+        if type(server_timeouts) is not bool:
+            raise TypeError(f"server_timeouts must be a bool, got {server_timeouts!r:.80}")
         conninfo, password = connection_settings(target)
-        self.store = PostgresStore(conninfo, password)
+        self.store = PostgresStore(conninfo, password, server_timeouts)
         super().__init__(self.store, clock=clock, **engine)
         #: The identity (server, database, lock table) of each lock table, as our connections see it.
         self._identities: dict[str, tuple[str, str, Optional[int]]] = {}
@@ -73,10 +78,10 @@ class PostgresClient(LeaseClient):
         """Lock the lease row in the caller's transaction and check that it is still ours.
 
         Why this is sound: the row is locked ``FOR KEY SHARE`` until the caller's transaction ends, and
-        a takeover must lock it ``FOR UPDATE`` before it writes, which waits for that lock. So if the
-        row is ours now, no takeover commits before the caller's transaction does; if it is not, the
-        caller gets LockLost (``stolen``) before it writes. Our own renewals and release take weaker
-        locks, which ``FOR KEY SHARE`` lets through.
+        a takeover or a release must lock it ``FOR UPDATE`` before it writes, which waits for that lock.
+        So if the row is ours now, no takeover (and no acquisition after a release) commits before the
+        caller's transaction does; if it is not, the caller gets LockLost (``stolen``) before it writes.
+        Renewals take a weaker lock, which ``FOR KEY SHARE`` lets through.
         """
         import psycopg
 

@@ -12,9 +12,10 @@ wall clock is stored or compared: stale rows are recovered by the engine's obser
 
 Row locks, and why the takeover takes the strongest one: ``check_in`` locks the lease row ``FOR KEY
 SHARE`` in the caller's transaction. That mode conflicts only with ``FOR UPDATE``, which the takeover
-(``_REPLACE_IF``) takes before it writes, so a takeover cannot commit while a checked-in transaction is
-open; our own renewals and the release take weaker locks (plain ``UPDATE``, ``FOR NO KEY UPDATE``),
-which ``FOR KEY SHARE`` lets through, so a long transaction does not stop the holder's renewals.
+(``_REPLACE_IF``) and the release (``_FREE``) take before they write, so neither a takeover nor a
+release (after which anyone may acquire) commits while a checked-in transaction is open. Renewals are a
+plain ``UPDATE`` (``FOR NO KEY UPDATE``), which ``FOR KEY SHARE`` lets through, so a long transaction
+does not stop the holder's renewals.
 
 Requests run on the store's own connections (never the caller's: a lock step must not join or end
 the caller's transaction), taken from a small list of idle ones, one per concurrent request. Each
@@ -101,9 +102,10 @@ _UPDATE_VERSION_IF = """UPDATE {name} SET version = $1 WHERE key = $2 AND owner 
 _MARK_WAITING = """UPDATE {name} SET waiting = true
 WHERE key = $1 AND owner = $2 AND version = $3 AND NOT waiting"""
 #: Release: free the row (the fence stays), returning the hint it had. The CTE reads the old hint under
-#: a FOR NO KEY UPDATE lock (which a check_in's FOR KEY SHARE lets through, as the UPDATE itself does).
+#: a FOR UPDATE lock, as a takeover does: a release waits for a checked-in transaction to end, so that
+#: nobody acquires the freed row while that transaction can still commit.
 _FREE = """WITH held AS (
-    SELECT waiting FROM {name} WHERE key = $1 AND owner = $2 FOR NO KEY UPDATE
+    SELECT waiting FROM {name} WHERE key = $1 AND owner = $2 FOR UPDATE
 )
 UPDATE {name} SET owner = NULL, version = NULL, waiting = false
 WHERE key = $1 AND owner = $2 AND EXISTS (SELECT 1 FROM held)
@@ -206,10 +208,11 @@ class _Session:
     """One of the store's own connections: autocommit, driven through libpq (``psycopg.pq``) so that
     the wait for each answer has a deadline of ours."""
 
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: Any, server_timeouts: bool) -> None:
         self.connection = connection
         self.pgconn = connection.pgconn
-        self.timeout_ms = -1  # the statement_timeout set on the server; -1: not set yet
+        # The statement_timeout set on the server; -1: not set yet; None: never set (server_timeouts off).
+        self.timeout_ms: Optional[int] = -1 if server_timeouts else None
 
     def run(self, statement: bytes, parameters: Sequence[Optional[bytes]], timeout_s: float,
             types: Optional[list[int]] = None, formats: Optional[list[int]] = None) -> Any:
@@ -218,7 +221,7 @@ class _Session:
 
         deadline = time.monotonic() + timeout_s
         timeout_ms = max(1, int(timeout_s * 1000))
-        if timeout_ms != self.timeout_ms:  # one extra round trip only when this connection's bound changes
+        if self.timeout_ms is not None and timeout_ms != self.timeout_ms:  # a round trip when the bound changes
             self._exchange(b"SELECT set_config('statement_timeout', $1, false), "
                            b"set_config('lock_timeout', $1, false)", [str(timeout_ms).encode()], deadline,
                            None, None, pq)
@@ -313,14 +316,17 @@ class PostgresStore:
     #: The largest serialised result a record holds here (bytea's limit is 1 GB; records stay well under).
     max_result_bytes = 100_000_000
 
-    def __init__(self, conninfo: str, password: Optional[str] = None) -> None:
+    def __init__(self, conninfo: str, password: Optional[str] = None, server_timeouts: bool = True) -> None:
         """``conninfo``: a libpq connection string or URI (without a password, which is ``password``:
-        kept apart so that the connection string can be shown and logged)."""
+        kept apart so that the connection string can be shown and logged). ``server_timeouts``: set
+        ``statement_timeout`` and ``lock_timeout`` on each connection (session settings, which a
+        transaction-pooling PgBouncer would hand on to other clients: turn them off behind one)."""
         import psycopg
 
         self._psycopg = psycopg
         self.conninfo = conninfo
         self._password = password
+        self.server_timeouts = server_timeouts
         self._idle: list[_Session] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -354,7 +360,7 @@ class PostgresStore:
         except psycopg.Error as error:
             raise _Failure(f"could not connect to {self.describe()}: {_first_line(error)}",
                            getattr(error, "sqlstate", None), True, False) from error
-        session = _Session(connection)
+        session = _Session(connection, self.server_timeouts)
         _ALL_SESSIONS.add(session)
         return session
 
@@ -544,14 +550,14 @@ class PostgresStore:
     def renewal_config(self) -> Any:
         """What another process needs to renew here: the connection string (the password goes apart,
         through ``renewal_credentials``, never on a command line)."""
-        return ("postgres", self.conninfo)
+        return ("postgres", self.conninfo, self.server_timeouts)
 
     def renewal_credentials(self) -> Any:
         return self._password
 
     @classmethod
     def from_renewal_config(cls, config: Any, credentials: Any = None) -> PostgresStore:
-        return cls(config[1], credentials)
+        return cls(config[1], credentials, config[2])
 
     def close(self) -> None:
         """Close the idle connections; a connection in use closes when its request ends."""
