@@ -7,7 +7,9 @@ Side by side in one run, on one PostgreSQL server (a throwaway one started here,
     connection in autocommit mode. Interleaved rounds (machine noise of ±25% then hits every contender
     alike). Reported: median and best cycles/s, wall time per cycle, client CPU per cycle
     (``time.process_time`` over the loop: every thread of this process, fastlease's own included) and,
-    apart, the CPU of each fastlease client's renewal process (another process: read from /proc);
+    apart, read from /proc (in clock ticks, 10 ms on Linux: a round of 3000 cycles resolves about 3 us
+    per cycle), the CPU of each fastlease client's renewal process (another process) and, when the
+    server runs on this machine, of the server processes serving the contender's connections;
   * round trips per cycle, counted in a separate, untimed pass with libpq's protocol trace on every
     connection of this process: each ReadyForQuery message the server sends ends one request that the
     client waited for (neither fastlease nor psycopg here uses pipeline mode), so their number is the
@@ -59,6 +61,7 @@ class Contender:
         self.rates: list[float] = []
         self.cpu_us: list[float] = []
         self.renewer_cpu_us: list[float] = []
+        self.server_cpu_us: list[float] = []
         self.round_trips = float("nan")
 
 
@@ -98,9 +101,25 @@ def cpu_seconds_of(pid: Optional[int]) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14 and 15)
 
 
+def server_processes(contender: Contender) -> list[Optional[int]]:
+    """The PIDs of the server processes (backends) serving the contender's connections, when the server
+    runs on this machine (their /proc entries are postgres processes); else []."""
+    pids: list[Optional[int]] = [connection.info.backend_pid for connection in contender.connections()]
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as comm:
+                if comm.read().strip() != "postgres":
+                    return []
+        except OSError:
+            return []
+    return pids
+
+
 def measure(contender: Contender, count: int) -> None:
     renewer = contender.renewer()
     other = cpu_seconds_of(renewer)
+    backends = server_processes(contender)
+    server = sum(cpu_seconds_of(pid) for pid in backends)
     cpu, wall = time.process_time(), time.perf_counter()
     for _ in range(count):
         contender.cycle()
@@ -108,6 +127,8 @@ def measure(contender: Contender, count: int) -> None:
     contender.rates.append(count / wall)
     contender.cpu_us.append(cpu / count * 1e6)
     contender.renewer_cpu_us.append((cpu_seconds_of(renewer) - other) / count * 1e6)
+    if backends and server_processes(contender) == backends:  # the same backends served the whole loop
+        contender.server_cpu_us.append((sum(cpu_seconds_of(pid) for pid in backends) - server) / count * 1e6)
 
 
 def count_round_trips(name: str, contender: Contender) -> None:
@@ -159,6 +180,7 @@ def run(dsn: str, args: argparse.Namespace) -> None:
             contender.rates.clear()
             contender.cpu_us.clear()
             contender.renewer_cpu_us.clear()
+            contender.server_cpu_us.clear()
         for _ in range(args.rounds):
             for contender in contenders.values():
                 measure(contender, args.cycles)
@@ -170,12 +192,14 @@ def run(dsn: str, args: argparse.Namespace) -> None:
         plain.close()
     print("uncontended acquire+release")
     print(f"{'lock':<16}{'median cycles/s':>16}{'best cycles/s':>15}{'us/cycle':>10}{'CPU us/cycle':>14}"
-          f"{'renewer CPU us':>16}{'round trips':>13}")
+          f"{'server CPU us':>15}{'renewer CPU us':>16}{'round trips':>13}")
     for name, contender in contenders.items():
         median = statistics.median(contender.rates)
         renewer = "n/a" if name == ADVISORY else f"{statistics.median(contender.renewer_cpu_us):.1f}"
+        server = f"{statistics.median(contender.server_cpu_us):.1f}" if contender.server_cpu_us else "n/a"
         print(f"{name:<16}{median:>16,.0f}{max(contender.rates):>15,.0f}{1e6 / median:>10.1f}"
-              f"{statistics.median(contender.cpu_us):>14.1f}{renewer:>16}{contender.round_trips:>13.2f}")
+              f"{statistics.median(contender.cpu_us):>14.1f}{server:>15}{renewer:>16}"
+              f"{contender.round_trips:>13.2f}")
     reference = contenders[ADVISORY]
     for name in ("fastlease, c", "fastlease, py"):
         ours = contenders[name]
