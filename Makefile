@@ -10,7 +10,7 @@ EXTRA_PYTHONS ?= 3.12.1 3.13.0
 BUILD_INPUTS := pyproject.toml setup.py src/fastlease/_core.pyx src/fastlease/_core.pxd \
 	src/fastlease/_engine.py src/fastlease/_engine.pxd
 
-.PHONY: test test-all-pythons demo bench chaos clean redis-server wheel
+.PHONY: test test-all-pythons demo bench chaos clean redis-server postgresql wheel
 
 # The first run is a silent minute (venv, pip, compiling the core): each step says so before it starts.
 $(PY):
@@ -52,7 +52,7 @@ CHECK_PYTHONS = missing=; for version in $(EXTRA_PYTHONS); do \
 # The commit subjects, lint and strict typing first (seconds), then the suite, then the all_pythons
 # tests on EXTRA_PYTHONS. Under CI=true, a missing interpreter or a missing git history fails before
 # the suite, not 8 minutes later.
-test: $(INSTALLED) redis-server
+test: $(INSTALLED) redis-server postgresql
 	@if [ "$$CI" = true ]; then $(CHECK_PYTHONS); fi
 	$(PY) .ci/check-commit-subjects
 	$(VENV)/bin/ruff check src tests bench setup.py
@@ -82,6 +82,20 @@ redis-server:
 		     "the Redis tests are skipped until then"; \
 	fi
 
+# The PostgreSQL tests make a throwaway cluster (initdb, the server on a free 127.0.0.1 port). Debian's
+# package puts initdb in /usr/lib/postgresql/<version>/bin, not on PATH: fastlease.testing looks there.
+# Installed here when missing and we are root; otherwise a message, and those tests skip (they fail under CI=true).
+postgresql:
+	@if [ -n "$$PG_BINDIR" ] || command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing postgresql (apt-get)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; }; \
+	else \
+		echo "PostgreSQL is missing: install it (sudo apt-get install -y postgresql) or set PG_BINDIR to the" \
+		     "directory of its initdb; the PostgreSQL tests are skipped until then"; \
+	fi
+
 # Build the sdist and wheel, repair the wheel (auditwheel, manylinux_2_28 at most), install it into a clean
 # venv outside the tree and run the server-free suite against it; then the sdist's no-compiler fallback.
 wheel: $(PY)
@@ -93,10 +107,10 @@ demo: $(INSTALLED)
 
 # The reliability harness, long: every store for SECONDS each (make test runs a bounded one).
 SECONDS ?= 600
-chaos: $(INSTALLED) redis-server
+chaos: $(INSTALLED) redis-server postgresql
 	$(PY) -m tests.chaos --store all --seconds $(SECONDS)
 
-bench: $(INSTALLED)
+bench: $(INSTALLED) postgresql
 	$(PY) bench/import_time.py
 	$(PY) bench/memory_cycle.py
 	$(PY) bench/dynamodb_cycle.py

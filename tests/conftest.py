@@ -15,9 +15,12 @@ from fastlease.stores.memory import MemoryStore
 from fastlease.testing import FakeClock, FaultInjector
 from proc_helpers import Children
 
-#: Fixtures that start or reach a service process (a moto server, a redis-server): tests that use them are
-#: marked ``server``, so a wheel can be tested where no server runs (``-m "not server"``).
-SERVER_FIXTURES = frozenset({"moto_endpoint", "moto_session", "redis_url", "redis_db", "fastlease_redis_url"})
+#: Fixtures that start or reach a service process (a moto server, a redis-server, PostgreSQL): tests that use
+#: them are marked ``server``, so a wheel can be tested where no server runs (``-m "not server"``).
+SERVER_FIXTURES = frozenset({"moto_endpoint", "moto_session", "redis_url", "redis_db", "fastlease_redis_url",
+                             "postgres_dsn", "postgres_db", "fastlease_postgres_dsn"})
+#: How long emptying a test's database may wait for a lock held by a connection an earlier test left open.
+EMPTY_DATABASE_LOCK_TIMEOUT = "10s"
 #: Fixtures that fork or send POSIX signals: tests that use them are marked ``posix``.
 POSIX_FIXTURES = frozenset({"in_forked_child", "children", "read_only_file"})
 
@@ -155,6 +158,28 @@ def redis_db(redis_url: str) -> Iterator[object]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(fastlease_postgres_dsn: str) -> str:
+    """One throwaway PostgreSQL cluster for the whole session (fastlease.testing's fixture, as for
+    ``redis_url``): it skips only where the server cannot start, and never in CI (CI=true): there it fails."""
+    return fastlease_postgres_dsn
+
+
+@pytest.fixture
+def postgres_db(postgres_dsn: str) -> str:
+    """The DSN of an empty database for this test: the session server's ``public`` schema dropped (with
+    everything in it) and made again, owned by the connecting role. Faster than a new database, which
+    copies a template. A lock still held by an earlier test's connection fails it within
+    :data:`EMPTY_DATABASE_LOCK_TIMEOUT` rather than hanging."""
+    import psycopg
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        connection.execute(f"SET lock_timeout = '{EMPTY_DATABASE_LOCK_TIMEOUT}'")
+        connection.execute("DROP SCHEMA IF EXISTS public CASCADE")
+        connection.execute("CREATE SCHEMA public AUTHORIZATION CURRENT_USER")
+    return postgres_dsn
 
 
 @pytest.fixture(scope="session")

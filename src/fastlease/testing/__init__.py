@@ -1,5 +1,5 @@
 """Test helpers: a deterministic :class:`FakeClock`, a :class:`FaultInjector` for MemoryStore, pytest
-fixtures for code that uses fastlease, and two test servers in child processes.
+fixtures for code that uses fastlease, and three test servers in child processes.
 
 ``FakeClock`` replaces both clocks of a client (``MemoryClient(clock=FakeClock())``). Waiting on it
 moves time instead of sleeping, and moving time runs every renewal that falls due on the way, in
@@ -15,14 +15,18 @@ The fixtures load with ``pytest_plugins = ["fastlease.testing"]`` in a ``conftes
   credentials, ``us-east-1``), its lock table created (needs ``boto3`` and ``moto``);
 - ``fastlease_redis_url``: one ``redis-server`` per session on a free 127.0.0.1 port, no persistence,
   stopped by its PID. Where ``redis-server`` is not installed the tests that use it skip, except when
-  the environment has ``CI=true``: a CI run fails instead, so it can never pass by skipping them.
+  the environment has ``CI=true``: a CI run fails instead, so it can never pass by skipping them;
+- ``fastlease_postgres_dsn``: one throwaway PostgreSQL cluster per session (``initdb`` in a temporary
+  directory, the server on a free 127.0.0.1 port, the role ``postgres`` trusted), stopped by its PID;
+  it skips, or fails under ``CI=true``, as the Redis one does.
 
 The modules, by job: ``clock`` (FakeClock), ``faults`` (FaultInjector), ``fixtures`` (the pytest
-fixtures), ``moto_server`` (``MotoServer``, a moto server that serialises its requests) and
-``redis_server`` (``RedisServer``, a throwaway ``redis-server``), both started by the one launcher in
-``_process``, which also stops them when the test process dies.
+fixtures), ``moto_server`` (``MotoServer``, a moto server that serialises its requests),
+``redis_server`` (``RedisServer``, a throwaway ``redis-server``) and ``postgres_server``
+(``PostgresServer``, a throwaway PostgreSQL cluster), all started by the one launcher in ``_process``,
+which also stops them when the test process dies.
 
-Importing this package imports pytest only when pytest is installed, and neither server module: they
+Importing this package imports pytest only when pytest is installed, and no server module: they
 are imported where they are used.
 """
 
@@ -41,6 +45,7 @@ __all__ = [
     "fastlease_dynamodb_client",
     "fastlease_dynamodb_table",
     "fastlease_memory_client",
+    "fastlease_postgres_dsn",
     "fastlease_redis_url",
     "fastlease_sqlite_client",
 ]
@@ -52,6 +57,7 @@ try:
         fastlease_dynamodb_client,
         fastlease_dynamodb_table,
         fastlease_memory_client,
+        fastlease_postgres_dsn,
         fastlease_redis_url,
         fastlease_sqlite_client,
     )

@@ -1,11 +1,11 @@
-"""The one launcher of the test servers (moto, redis-server): a child process on a free 127.0.0.1 port,
+"""The one launcher of the test servers (moto, redis-server, PostgreSQL): a child process on a free 127.0.0.1 port,
 a bounded wait until it says it is ready, a stop by its PID, and a guard that stops it when the process
 that started it dies.
 
 The dying parent. Every server runs under a guard, this file run as a script (stdlib only, so it starts
 in milliseconds)::
 
-    test process ── guard (python -I _process.py --parent-pid P -- argv…) ── the server (argv)
+    test process ── guard (python -I _process.py --parent-pid P [options] -- argv…) ── the server (argv)
 
 The guard polls its parent's PID (:func:`watch_parent`); once it has been reparented, the test process
 is gone, and the guard stops the server (SIGTERM, then SIGKILL) and exits. Linux's PR_SET_PDEATHSIG is
@@ -14,9 +14,17 @@ started from a worker thread (a fixture run in a thread pool, a benchmark's setu
 killed while the test still uses it; it is also Linux-only, and it needs ``preexec_fn``, which is unsafe
 in a process with threads. Polling is portable and tied to the process.
 
-Stopping. :meth:`ServerProcess.stop` SIGTERMs the guard by its PID; the guard SIGTERMs the server, waits
-up to :data:`GUARD_GRACE_S`, SIGKILLs it if it must, reaps it and exits. So once the guard is reaped,
-the server is too.
+Stopping. :meth:`ServerProcess.stop` SIGTERMs the guard by its PID; the guard sends the server its stop
+signal (SIGTERM, or the one the server's kind asks for: PostgreSQL's fast shutdown is SIGINT, its
+SIGTERM waits for every client to leave), waits up to :data:`GUARD_GRACE_S`, SIGKILLs it if it must,
+reaps it, removes the directory it was told to remove after a stop, and exits. So once the guard is
+reaped, the server is too.
+
+Options of the guard: ``--stop-signal N`` (the server's stop signal), ``--run-as UID:GID`` (the server
+runs as that user, without supplementary groups: PostgreSQL refuses to run as root, and only the
+server drops privileges, so the guard can always read its own script), ``--remove-after-stop DIR``
+(removed once a stopped server has exited; not when the server exits by itself, so that the launcher
+can retry in the same directory on another port).
 
 Readiness is a line of the server's own output (moto's ``READY``, redis-server's "Ready to accept
 connections"), not a probe of the port: a probe could be answered by another process that took the
@@ -30,6 +38,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -91,8 +100,9 @@ class ServerProcess:
     for the ready line and keeps the last :data:`OUTPUT_LINES` lines for error reports.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, stop_signal: int = signal.SIGTERM) -> None:
         self.name = name  # for messages: "moto test server", "redis-server"
+        self.stop_signal = stop_signal  # what the guard sends the server to stop it
         self._proc: Optional[subprocess.Popen[bytes]] = None
         self._pid: Optional[int] = None  # the last guard's PID, kept after stop() so callers can check it
         self._reader: Optional[threading.Thread] = None
@@ -122,11 +132,17 @@ class ServerProcess:
         port: Optional[int] = None,
         attempts: int = 3,
         env: Optional[Mapping[str, str]] = None,
+        run_as: Optional[tuple[int, int]] = None,
+        remove_after_stop: Optional[str] = None,
     ) -> int:
         """Run ``command(port)`` on ``port`` (or a free one) and wait at most ``timeout_s`` for a line of its
         output that ``is_ready_line`` accepts; returns the port. A server that could not bind a port it
         was not given is retried on another, ``attempts`` times in all. Raises :class:`ServerNotReady`,
-        with the exit status and the output, otherwise. While running, returns the same port."""
+        with the exit status and the output, otherwise. While running, returns the same port.
+
+        ``run_as`` (uid, gid): the user the server runs as (the guard stays this process's user).
+        ``remove_after_stop``: a directory the guard removes once it has stopped the server, so that it
+        is gone even when this process dies without stopping it."""
         if self.running():
             assert self.port is not None
             return self.port
@@ -135,7 +151,12 @@ class ServerProcess:
         for attempt in range(1, tries + 1):
             chosen = free_port() if port is None else port
             argv = list(command(chosen))
-            problem = self._launch(argv, is_ready_line, timeout_s, env)
+            options = ["--stop-signal", str(int(self.stop_signal))]
+            if run_as is not None:
+                options += ["--run-as", f"{run_as[0]}:{run_as[1]}"]
+            if remove_after_stop is not None:
+                options += ["--remove-after-stop", remove_after_stop]
+            problem = self._launch(options, argv, is_ready_line, timeout_s, env)
             if problem is None:
                 self.port = chosen
                 return chosen
@@ -149,12 +170,12 @@ class ServerProcess:
         raise AssertionError("unreachable: the last attempt raises")
 
     def _launch(
-        self, argv: list[str], is_ready_line: Callable[[str], bool], timeout_s: float,
+        self, options: list[str], argv: list[str], is_ready_line: Callable[[str], bool], timeout_s: float,
         env: Optional[Mapping[str, str]],
     ) -> Optional[str]:
-        """Start the guard and the server; None once ready, else what went wrong."""
+        """Start the guard (with its ``options``) and the server; None once ready, else what went wrong."""
         self._output.clear()
-        guarded = [sys.executable, "-I", _GUARD_SCRIPT, "--parent-pid", str(os.getpid()), "--", *argv]
+        guarded = [sys.executable, "-I", _GUARD_SCRIPT, "--parent-pid", str(os.getpid()), *options, "--", *argv]
         self._proc = subprocess.Popen(
             guarded, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=None if env is None else dict(env),
@@ -189,8 +210,9 @@ class ServerProcess:
                 ready.put(False)
 
     def stop(self, timeout_s: float = 2 * GUARD_GRACE_S) -> Optional[int]:
-        """SIGTERM the guard by its PID (it stops the server), wait up to ``timeout_s``, then SIGKILL it;
-        returns the exit status (the server's). Idempotent: without a child it returns None."""
+        """SIGTERM the guard by its PID (it stops the server with the server's stop signal), wait up to
+        ``timeout_s``, then SIGKILL it; returns the exit status (the server's). Idempotent: without a child
+        it returns None."""
         self.port = None
         proc = self._proc
         returncode: Optional[int] = None
@@ -218,8 +240,12 @@ class _Stop(Exception):
     """Raised in the guard's main thread by its SIGTERM/SIGINT handler."""
 
 
-def _guard(parent_pid: int, argv: Sequence[str]) -> int:
-    """Run ``argv`` until it exits, or until this process is told to stop or its parent dies; then stop it."""
+def _guard(
+    parent_pid: int, argv: Sequence[str], stop_signal: int = signal.SIGTERM,
+    run_as: Optional[tuple[int, int]] = None, remove_after_stop: Optional[str] = None,
+) -> int:
+    """Run ``argv`` (as ``run_as``, uid and gid) until it exits, or until this process is told to stop or
+    its parent dies; then stop it with ``stop_signal`` and remove ``remove_after_stop``."""
 
     server: Optional[subprocess.Popen[bytes]] = None
     stop_requested = False
@@ -233,7 +259,10 @@ def _guard(parent_pid: int, argv: Sequence[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     try:
-        server = subprocess.Popen(argv, stdin=subprocess.DEVNULL)  # stdout and stderr: the guard's own
+        user, group = (None, None) if run_as is None else run_as
+        server = subprocess.Popen(  # stdout and stderr: the guard's own
+            argv, stdin=subprocess.DEVNULL, user=user, group=group, extra_groups=None if run_as is None else [],
+        )
         if stop_requested:
             raise _Stop()
         watch_parent(parent_pid)
@@ -242,21 +271,39 @@ def _guard(parent_pid: int, argv: Sequence[str]) -> int:
         assert server is not None
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second stop request must not cut the cleanup short
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        server.terminate()
+        server.send_signal(stop_signal)
         try:
             returncode = server.wait(timeout=GUARD_GRACE_S)
         except subprocess.TimeoutExpired:
             server.kill()
             returncode = server.wait()
+        if remove_after_stop is not None:
+            shutil.rmtree(remove_after_stop, ignore_errors=True)
     # A server killed by a signal: report it the way a shell does.
     return returncode if returncode >= 0 else 128 - returncode
 
 
+#: The guard's options (see the module docstring), each followed by its value.
+_GUARD_OPTIONS = ("--parent-pid", "--stop-signal", "--run-as", "--remove-after-stop")
+
+
 def _main(args: Sequence[str]) -> int:
-    if len(args) < 4 or args[0] != "--parent-pid" or args[2] != "--":
-        sys.stderr.write("usage: python -I _process.py --parent-pid PID -- COMMAND [ARG...]\n")
+    """Parse ``--parent-pid PID [--stop-signal N] [--run-as UID:GID] [--remove-after-stop DIR] -- argv``."""
+    options: dict[str, str] = {}
+    rest = list(args)
+    while len(rest) >= 2 and rest[0] in _GUARD_OPTIONS:
+        name, value, *rest = rest
+        options[name] = value
+    if not rest or rest[0] != "--" or len(rest) < 2 or "--parent-pid" not in options:
+        sys.stderr.write("usage: python -I _process.py --parent-pid PID [--stop-signal N] [--run-as UID:GID] "
+                         "[--remove-after-stop DIR] -- COMMAND [ARG...]\n")
         return 2
-    return _guard(int(args[1]), args[3:])
+    run_as: Optional[tuple[int, int]] = None
+    if "--run-as" in options:
+        uid, gid = options["--run-as"].split(":")
+        run_as = (int(uid), int(gid))
+    return _guard(int(options["--parent-pid"]), rest[1:], int(options.get("--stop-signal", signal.SIGTERM)),
+                  run_as, options.get("--remove-after-stop"))
 
 
 if __name__ == "__main__":

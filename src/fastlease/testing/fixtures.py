@@ -75,6 +75,21 @@ def fastlease_dynamodb_client(fastlease_dynamodb_table: str) -> Iterator[Any]:
             client.close()
 
 
+def _session_server(server: Any, unavailable: type[Exception], kind: str) -> Iterator[str]:
+    """Start ``server`` and yield its address until the session ends, then stop it by its PID. Where it
+    cannot start (``unavailable``), skip; under ``CI=true``, fail, so that CI never passes by skipping."""
+    try:
+        address: str = server.start()
+    except unavailable as error:
+        if _running_in_ci():
+            pytest.fail(f"CI=true: the {kind} tests must run, but {error}")
+        pytest.skip(str(error))
+    try:
+        yield address
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def fastlease_redis_url() -> Iterator[str]:
     """``redis://127.0.0.1:<port>/0`` of a ``redis-server`` started for the session and stopped by its PID.
@@ -82,14 +97,15 @@ def fastlease_redis_url() -> Iterator[str]:
     Skips where ``redis-server`` cannot start, except under ``CI=true``, where it fails."""
     from .redis_server import RedisServer, RedisServerUnavailable
 
-    server = RedisServer()
-    try:
-        url = server.start()
-    except RedisServerUnavailable as error:
-        if _running_in_ci():
-            pytest.fail(f"CI=true: the Redis tests must run, but {error}")
-        pytest.skip(str(error))
-    try:
-        yield url
-    finally:
-        server.stop()
+    yield from _session_server(RedisServer(), RedisServerUnavailable, "Redis")
+
+
+@pytest.fixture(scope="session")
+def fastlease_postgres_dsn() -> Iterator[str]:
+    """``postgresql://postgres@127.0.0.1:<port>/postgres`` of a throwaway PostgreSQL cluster made for the
+    session (``initdb`` in a temporary directory) and stopped by its postmaster's PID.
+
+    Skips where PostgreSQL cannot start, except under ``CI=true``, where it fails."""
+    from .postgres_server import PostgresServer, PostgresServerUnavailable
+
+    yield from _session_server(PostgresServer(), PostgresServerUnavailable, "PostgreSQL")
