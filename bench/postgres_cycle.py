@@ -41,6 +41,7 @@ from psycopg import pq
 
 from fastlease import SyncDistributedLock, _impl
 from fastlease.postgres import PostgresClient
+from fastlease.testing.postgres_server import PostgresServer
 
 compiled = _impl.load("c")  # built by make test; missing, the script fails (never falls back)
 interpreted = _impl.load("py")
@@ -228,10 +229,6 @@ def main() -> int:
             parser.error(f"--dsn must be a postgresql:// URI (the handoff's workers take it), got {args.dsn!r}")
         run(args.dsn, args)
         return 0
-    try:
-        from fastlease.testing.postgres_server import PostgresServer
-    except ImportError:
-        parser.error("no throwaway server here yet (fastlease.testing.postgres_server): pass --dsn")
     with PostgresServer() as server:
         run(server.dsn, args)
     return 0
