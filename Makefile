@@ -119,6 +119,7 @@ bench: $(INSTALLED) postgresql
 	$(PY) bench/sqlite_cycle.py
 	$(PY) bench/redis_cycle.py
 	$(PY) bench/idempotency.py
+	$(PY) bench/postgres_cycle.py
 
 clean:
 	rm -rf $(VENV) .venv-[0-9]* build dist src/*.egg-info src/fastlease/_core.c src/fastlease/_engine.c src/fastlease/*.so

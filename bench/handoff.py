@@ -21,6 +21,7 @@ import statistics
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from typing import Any
 
 WORKERS = 4
@@ -28,6 +29,10 @@ WORK_S = 0.005
 TABLE = "handoff_locks"
 #: The Redis peers (bench/redis_peers.py), run only in the Redis section.
 REDIS_PEERS = ("redis-py", "redis_lock", "article")
+#: The PostgreSQL reference (bench/postgres_cycle.py): a session-level advisory lock, blocking
+#: (``pg_advisory_lock``) on the worker's own autocommit connection, given up after 5 s (lock_timeout).
+ADVISORY = "advisory"
+ADVISORY_KEY = 0x666C_6861_6E64  # one bigint key for the handoff, outside the cycle bench's
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
 
 
@@ -45,6 +50,19 @@ def run_worker(library: str, client: Any, seconds: float, start_at: float) -> di
 
         def guard() -> Any:
             return redis_peers.GUARDS[library](client, "hot")
+    elif library == ADVISORY:
+        import psycopg
+
+        LockNotAcquired = psycopg.errors.LockNotAvailable  # type: ignore[misc,assignment]  # noqa: N806
+        client.execute("SET lock_timeout = '5s'")
+
+        @contextmanager
+        def guard() -> Any:
+            client.execute("SELECT pg_advisory_lock(%s)", (ADVISORY_KEY,))
+            try:
+                yield
+            finally:
+                client.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_KEY,))
     else:
         from pydynox.exceptions import LockNotAcquired  # type: ignore[no-redef]
         from pydynox.lock import SyncDistributedLock as PydynoxLock
@@ -71,7 +89,7 @@ def run_worker(library: str, client: Any, seconds: float, start_at: float) -> di
                 reads += metrics.read_requests
                 waited_ms += metrics.wait_ms
         holds.append((acquired, released))
-    if library in REDIS_PEERS:
+    if library in REDIS_PEERS or library == ADVISORY:
         return {"holds": holds, "reads": None, "waited_ms": 0.0}
     return {"holds": holds, "reads": reads, "waited_ms": waited_ms}
 
@@ -91,6 +109,15 @@ def process_worker(library: str, endpoint: str, seconds: float, start_at: float,
         else:
             client = RedisClient(endpoint, wake_on_release=library == "fastlease")
             library = "fastlease"
+    elif endpoint.startswith("postgresql://"):
+        if library == ADVISORY:
+            import psycopg
+
+            client = psycopg.connect(endpoint, autocommit=True)
+        else:
+            from fastlease.postgres import PostgresClient
+
+            client = PostgresClient(endpoint)
     elif library == "fastlease":
         import boto3
 
@@ -161,8 +188,8 @@ def threads_on_memory(library: str, seconds: float) -> list[dict[str, Any]]:
 
 
 def processes_on(library: str, endpoint: str, seconds: float) -> list[dict[str, Any]]:
-    """WORKERS spawned processes, one client each, on the store at ``endpoint`` (moto, redis:// or
-    sqlite:PATH)."""
+    """WORKERS spawned processes, one client each, on the store at ``endpoint`` (moto, redis://,
+    postgresql:// or sqlite:PATH)."""
     context = multiprocessing.get_context("spawn")
     start_at = time.monotonic() + 3.0  # time for the children to import and connect
     pipes, processes = [], []
