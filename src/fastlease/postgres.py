@@ -23,9 +23,9 @@ class PostgresClient(LeaseClient):
     ``psycopg_pool.ConnectionPool`` whose connection settings (host, database, user, password, TLS,
     ...) are used. Lock requests never run on your connections: the client opens its own, in
     autocommit mode, one per concurrent request, each request bounded by its timeout. Nothing is sent
-    until the first request. ``server_timeouts=False`` leaves the server's ``statement_timeout`` and
-    ``lock_timeout`` alone (behind a transaction-pooling PgBouncer: see docs/operations.md); each request
-    is still bounded by the client's own deadline.
+    until the first request. Pass ``transaction_pooling=True`` when the DSN goes through a PgBouncer in
+    transaction mode: the client then keeps no session state on its connections (no timeout settings,
+    no prepared statements; see docs/operations.md), and each request is still bounded by its deadline.
 
     Create the tables once, at deployment: ``client.create_lock_table("locks")`` and, for idempotency
     keys, ``client.create_idempotency_table("requests")``; lock operations never create tables.
@@ -36,12 +36,12 @@ class PostgresClient(LeaseClient):
 
     store: PostgresStore
 
-    def __init__(self, target: Any, *, clock: Optional[Clock] = None, server_timeouts: bool = True,
+    def __init__(self, target: Any, *, clock: Optional[Clock] = None, transaction_pooling: bool = False,
                  **engine: Any) -> None:
-        if type(server_timeouts) is not bool:
-            raise TypeError(f"server_timeouts must be a bool, got {server_timeouts!r:.80}")
+        if type(transaction_pooling) is not bool:
+            raise TypeError(f"transaction_pooling must be a bool, got {transaction_pooling!r:.80}")
         conninfo, password = connection_settings(target)
-        self.store = PostgresStore(conninfo, password, server_timeouts)
+        self.store = PostgresStore(conninfo, password, transaction_pooling)
         super().__init__(self.store, clock=clock, **engine)
         #: The identity (server, database, lock table) of each lock table, as our connections see it.
         self._identities: dict[str, tuple[str, str, Optional[int]]] = {}

@@ -21,7 +21,9 @@ Requests run on the store's own connections (never the caller's: a lock step mus
 the caller's transaction), taken from a small list of idle ones, one per concurrent request. Each
 request is bounded twice: ``statement_timeout`` (and ``lock_timeout``) on the server, and a deadline
 on the client's wait for the answer, which a stopped server or a dead network cannot stretch. A
-request past its deadline may have committed: the engine reconciles it.
+request past its deadline may have committed: the engine reconciles it. Each statement is prepared
+once per connection and then executed by name, unless the store is told the connections go through a
+transaction-pooling PgBouncer (``transaction_pooling``), where session state would leak to others.
 
 Table names follow the library's rule (3-255 of ``A-Z a-z 0-9 _ . -``) and PostgreSQL's 63-byte limit
 on identifiers; SQL cannot take identifiers as parameters, so a name is validated, then double-quoted,
@@ -144,6 +146,11 @@ _READ_RECORD = """SELECT state, fingerprint, result, expires_at_ms, owner FROM {
 _COLUMNS = """SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute
 WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum"""
 
+#: The connection's server-side bounds, set to the request's timeout (in ms) when it changes.
+_SET_TIMEOUTS = b"SELECT set_config('statement_timeout', $1, false), set_config('lock_timeout', $1, false)"
+#: Statements prepared per connection at most (there are a handful per table).
+_MAX_PREPARED = 256
+
 _BYTEA_OID = 17
 _TEXT, _BINARY = 0, 1
 #: Parameter formats: every parameter as text but the record's result (bytea, sent as raw bytes).
@@ -153,7 +160,8 @@ _FINISH_TYPES = [0, 0, 0, 0, _BYTEA_OID, 0, 0]
 #: SQLSTATE classes and codes by what waiting can do about them. A statement that failed with an error
 #: was rolled back (autocommit: each statement is its own transaction), so only a lost connection
 #: leaves a write's outcome unknown.
-_TRANSIENT_CODES = {"57014", "55P03", "40001", "40P01", "55006", "57P03"}  # timeouts, lock waits, conflicts
+# Timeouts, lock waits, conflicts, and a prepared statement the server no longer has (prepared again next).
+_TRANSIENT_CODES = {"57014", "55P03", "40001", "40P01", "55006", "57P03", "26000"}
 _TRANSIENT_CLASSES = ("53", "58", "XX", "40")  # out of resources, system and internal errors, rollbacks
 _CONNECTION_CLASSES = ("08", "57P")  # the connection broke (or the server is going down) mid-request
 _HINTS = {
@@ -208,31 +216,52 @@ class _Session:
     """One of the store's own connections: autocommit, driven through libpq (``psycopg.pq``) so that
     the wait for each answer has a deadline of ours."""
 
-    def __init__(self, connection: Any, server_timeouts: bool) -> None:
+    def __init__(self, connection: Any, session_state: bool) -> None:
         self.connection = connection
         self.pgconn = connection.pgconn
-        # The statement_timeout set on the server; -1: not set yet; None: never set (server_timeouts off).
-        self.timeout_ms: Optional[int] = -1 if server_timeouts else None
+        # The statement_timeout set on the server; -1: not set yet; None: never set (no session state).
+        self.timeout_ms: Optional[int] = -1 if session_state else None
+        #: The statements prepared on this connection, and their names; None: unnamed statements only.
+        self.prepared: Optional[dict[bytes, bytes]] = {} if session_state else None
 
     def run(self, statement: bytes, parameters: Sequence[Optional[bytes]], timeout_s: float,
-            types: Optional[list[int]] = None, formats: Optional[list[int]] = None) -> Any:
-        """Send one statement, wait for its one result until the deadline, and return it (a PGresult)."""
+            types: Optional[list[int]] = None, formats: Optional[list[int]] = None, prepare: bool = True) -> Any:
+        """Send one statement, wait for its one result until the deadline, and return it (a PGresult).
+
+        A statement is prepared on the connection the first time it runs there (one more round trip,
+        once), then executed by name: the server parses and plans it once per connection, not per
+        request. The connection's statement_timeout and lock_timeout follow the request's timeout,
+        with a round trip only when that changes."""
         from psycopg import pq
 
         deadline = time.monotonic() + timeout_s
         timeout_ms = max(1, int(timeout_s * 1000))
-        if self.timeout_ms is not None and timeout_ms != self.timeout_ms:  # a round trip when the bound changes
-            self._exchange(b"SELECT set_config('statement_timeout', $1, false), "
-                           b"set_config('lock_timeout', $1, false)", [str(timeout_ms).encode()], deadline,
-                           None, None, pq)
+        pgconn = self.pgconn
+        if self.timeout_ms is not None and timeout_ms != self.timeout_ms:
+            self._exchange(deadline, pq, pgconn.send_query_params, _SET_TIMEOUTS, [b"%d" % timeout_ms])
             self.timeout_ms = timeout_ms
-        return self._exchange(statement, parameters, deadline, types, formats, pq)
+        prepared = self.prepared
+        if prepared is None or not prepare:
+            return self._exchange(deadline, pq, pgconn.send_query_params, statement, parameters, types, formats)
+        name = prepared.get(statement)
+        if name is None:
+            if len(prepared) >= _MAX_PREPARED:
+                return self._exchange(deadline, pq, pgconn.send_query_params, statement, parameters, types, formats)
+            name = b"fastlease_%d" % len(prepared)
+            self._exchange(deadline, pq, pgconn.send_prepare, name, statement, types)
+            prepared[statement] = name
+        try:
+            return self._exchange(deadline, pq, pgconn.send_query_prepared, name, parameters, formats)
+        except _Failure as failure:
+            if failure.sqlstate == "26000":  # the server lost our prepared statements (DISCARD ALL, a pooler)
+                prepared.clear()
+            raise
 
-    def _exchange(self, statement: bytes, parameters: Sequence[Optional[bytes]], deadline: float,
-                  types: Optional[list[int]], formats: Optional[list[int]], pq: Any) -> Any:
+    def _exchange(self, deadline: float, pq: Any, send: Any, *arguments: Any) -> Any:
+        """``send(*arguments)`` (one of libpq's asynchronous sends), then wait for its one result."""
         pgconn = self.pgconn
         try:
-            pgconn.send_query_params(statement, parameters, types, formats)
+            send(*arguments)
         except Exception as error:  # noqa: BLE001 - psycopg raises its OperationalError: nothing was sent
             raise _Failure(f"could not send the request: {_message(pgconn.error_message) or error}", None,
                            True, False) from error
@@ -316,17 +345,20 @@ class PostgresStore:
     #: The largest serialised result a record holds here (bytea's limit is 1 GB; records stay well under).
     max_result_bytes = 100_000_000
 
-    def __init__(self, conninfo: str, password: Optional[str] = None, server_timeouts: bool = True) -> None:
+    def __init__(self, conninfo: str, password: Optional[str] = None, transaction_pooling: bool = False) -> None:
         """``conninfo``: a libpq connection string or URI (without a password, which is ``password``:
-        kept apart so that the connection string can be shown and logged). ``server_timeouts``: set
-        ``statement_timeout`` and ``lock_timeout`` on each connection (session settings, which a
-        transaction-pooling PgBouncer would hand on to other clients: turn them off behind one)."""
+        kept apart so that the connection string can be shown and logged). ``transaction_pooling``: the
+        connections go through a transaction-pooling PgBouncer, so keep no session state on them (no
+        ``statement_timeout``/``lock_timeout`` settings, which it would hand on to other clients, and
+        no prepared statements): unnamed statements, bounded by the client's deadline."""
         import psycopg
 
         self._psycopg = psycopg
         self.conninfo = conninfo
         self._password = password
-        self.server_timeouts = server_timeouts
+        self.transaction_pooling = transaction_pooling
+        #: The SQL of each (statement, table) used so far, formatted and encoded once.
+        self._statements: dict[tuple[str, str, Optional[str]], bytes] = {}
         self._idle: list[_Session] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -360,7 +392,7 @@ class PostgresStore:
         except psycopg.Error as error:
             raise _Failure(f"could not connect to {self.describe()}: {_first_line(error)}",
                            getattr(error, "sqlstate", None), True, False) from error
-        session = _Session(connection, self.server_timeouts)
+        session = _Session(connection, not self.transaction_pooling)
         _ALL_SESSIONS.add(session)
         return session
 
@@ -373,12 +405,12 @@ class PostgresStore:
 
     def _request(self, operation: str, key: str, statement: bytes, parameters: Sequence[Optional[bytes]],
                  timeout_s: float, write: bool, types: Optional[list[int]] = None,
-                 formats: Optional[list[int]] = None) -> Any:
+                 formats: Optional[list[int]] = None, prepare: bool = True) -> Any:
         """Run one statement on an idle connection of ours; the PGresult. Logged at DEBUG as ``operation``."""
         session = None
         try:
             session = self._take(timeout_s)
-            result = session.run(statement, parameters, timeout_s, types, formats)
+            result = session.run(statement, parameters, timeout_s, types, formats, prepare)
         except _Failure as failure:
             if session is not None and failure.broken:
                 session.close()
@@ -407,13 +439,25 @@ class PostgresStore:
                 not code or code.startswith(_CONNECTION_CLASSES)))
         return StoreRequestRejected(f"{text} (database {self.describe()})", key=key)
 
+    def _sql(self, template: str, table: str, records: Optional[str] = None) -> bytes:
+        """``template`` for ``table`` (and record table ``records``), names validated and quoted once."""
+        cache_key = (template, table, records)
+        statement = self._statements.get(cache_key)
+        if statement is None:
+            if len(self._statements) > 4096:  # tables named on the fly: keep the cache bounded
+                self._statements.clear()
+            text = (template.format(name=sql_identifier(table)) if records is None
+                    else template.format(locks=sql_identifier(table), records=sql_identifier(records)))
+            statement = self._statements[cache_key] = text.encode()
+        return statement
+
     # ---- the lock protocol -----------------------------------------------------------------------
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
     ) -> int:
         """Insert the row, or revive a freed one (its fence incremented), only if nobody holds the key.
         The new fencing token, else False."""
-        statement = _PUT_IF_ABSENT.format(name=sql_identifier(table)).encode()
+        statement = self._sql(_PUT_IF_ABSENT, table)
         result = self._request("put_if_absent", key, statement,
                                [_check_text(key), owner.encode(), version.encode(), b"%d" % lease_ms],
                                timeout_s, True)
@@ -433,7 +477,7 @@ class PostgresStore:
     ) -> int:
         """The takeover: overwrite owner, version and lease_ms and increment the fence, only on exactly
         (expected_owner, expected_version). The new fencing token, else False."""
-        statement = _REPLACE_IF.format(name=sql_identifier(table)).encode()
+        statement = self._sql(_REPLACE_IF, table)
         parameters = [owner.encode(), version.encode(), b"%d" % lease_ms, _check_text(key),
                       expected_owner.encode(), expected_version.encode()]
         return _token(self._request("replace_if", key, statement, parameters, timeout_s, True))
@@ -442,7 +486,7 @@ class PostgresStore:
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
         """Renewal: set the version only if the row holds (owner, version)."""
-        statement = _UPDATE_VERSION_IF.format(name=sql_identifier(table)).encode()
+        statement = self._sql(_UPDATE_VERSION_IF, table)
         parameters = [new_version.encode(), _check_text(key), owner.encode(), version.encode()]
         result = self._request("update_version_if", key, statement, parameters, timeout_s, True)
         return bool(result.command_tuples == 1)
@@ -451,7 +495,7 @@ class PostgresStore:
         self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
         """Set the ``waiting`` hint once per hold, only on exactly (owner, version)."""
-        statement = _MARK_WAITING.format(name=sql_identifier(table)).encode()
+        statement = self._sql(_MARK_WAITING, table)
         result = self._request("mark_waiting", key, statement,
                                [_check_text(key), owner.encode(), version.encode()], timeout_s, True)
         return bool(result.command_tuples == 1)
@@ -461,7 +505,7 @@ class PostgresStore:
     ) -> Optional[LockRow]:
         """Release: free the row (the fence counter stays) only if ``owner`` holds it. The row as it
         was (only its ``waiting`` hint is read back; the other fields are blank), else None."""
-        statement = _FREE.format(name=sql_identifier(table)).encode()
+        statement = self._sql(_FREE, table)
         result = self._request("delete_if_owner", key, statement, [_check_text(key), owner.encode()],
                                timeout_s, True)
         if result.ntuples == 0:
@@ -470,14 +514,14 @@ class PostgresStore:
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         """The held row of ``key``, or None."""
-        statement = _READ.format(name=sql_identifier(table)).encode()
+        statement = self._sql(_READ, table)
         result = self._request("read", key, statement, [_check_text(key)], timeout_s, False)
         return None if result.ntuples == 0 else _row(result, 0, 0)
 
     # ---- idempotency records ---------------------------------------------------------------------
     def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
         """The record of ``key`` in record table ``table``, expired or not, or None."""
-        statement = _READ_RECORD.format(name=sql_identifier(table)).encode()
+        statement = self._sql(_READ_RECORD, table)
         result = self._request("read_record", key, statement, [_check_text(key)], timeout_s, False)
         if result.ntuples == 0:
             return None
@@ -489,7 +533,7 @@ class PostgresStore:
     ) -> bool:
         """In one statement (one transaction), only while ``record.owner`` holds ``key`` in
         ``lock_table``: delete the lease row, store ``record`` and purge a few expired records."""
-        statement = _FINISH.format(locks=sql_identifier(lock_table), records=sql_identifier(table)).encode()
+        statement = self._sql(_FINISH, lock_table, table)
         parameters = [_check_text(key), record.owner.encode(), record.state.encode(), record.fingerprint.encode(),
                       bytes(record.result), b"%d" % record.expires_at_ms, b"%d" % now_ms]
         result = self._request("finish_if_owner", key, statement, parameters, timeout_s, True,
@@ -507,7 +551,7 @@ class PostgresStore:
             statements.append(RECORD_EXPIRY_INDEX.format(index=expiry_index_name(table), name=name))
         for statement in statements:
             try:
-                self._request("create_table", table, statement.encode(), [], timeout_s, True)
+                self._request("create_table", table, statement.encode(), [], timeout_s, True, prepare=False)
             except StoreRequestRejected as error:
                 if "SQLSTATE 23505" not in str(error) and "SQLSTATE 42P07" not in str(error):
                     raise  # 23505/42P07: a concurrent creation of the same name won the race
@@ -550,7 +594,7 @@ class PostgresStore:
     def renewal_config(self) -> Any:
         """What another process needs to renew here: the connection string (the password goes apart,
         through ``renewal_credentials``, never on a command line)."""
-        return ("postgres", self.conninfo, self.server_timeouts)
+        return ("postgres", self.conninfo, self.transaction_pooling)
 
     def renewal_credentials(self) -> Any:
         return self._password
