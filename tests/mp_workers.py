@@ -1,4 +1,5 @@
-"""Worker functions for tests/test_dynamodb_processes.py, run in ``multiprocessing`` *spawn* children.
+"""Worker functions for the multi-process tests (DynamoDB, SQLite, Redis, PostgreSQL), run in
+``multiprocessing`` *spawn* children.
 
 Every function here runs in a fresh interpreter (the tests directory is on ``sys.path``, so the child
 imports this file as ``mp_workers``). Each one builds its own clients from the endpoint it is given and
@@ -33,8 +34,13 @@ def boto3_session() -> Any:
 
 
 def fastlease_client(endpoint: str, fast_path: bool = True, renewal: str = "auto") -> Any:
-    """A client on the moto server at ``endpoint``, on the SQLite file of ``sqlite:PATH``, or on the Redis
-    server of a ``redis://`` URL. ``renewal``: the client's option ("auto": the renewal process)."""
+    """A client on the moto server at ``endpoint``, on the SQLite file of ``sqlite:PATH``, on the Redis
+    server of a ``redis://`` URL, or on the PostgreSQL database of a ``postgresql://`` DSN. ``renewal``:
+    the client's option ("auto": the renewal process)."""
+    if endpoint.startswith("postgresql://"):
+        from fastlease import PostgresClient
+
+        return PostgresClient(endpoint, renewal=renewal)
     if endpoint.startswith("sqlite:"):
         from fastlease import SQLiteClient
 
@@ -243,5 +249,109 @@ def idempotent_once(endpoint: str, table: str, key: str, hold_s: float, lease_s:
             out.send(("done", os.getpid(), outcome))
         finally:
             client.close()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        _report_error(out)
+
+
+# ---- PostgreSQL: the guarded counter (tests/test_postgres_processes.py) --------------------------
+#: The counter and its commit log, as the PostgreSQL tests create them.
+PG_COUNTER = "SELECT value FROM counter WHERE id = 1"
+PG_WRITE_COUNTER = "UPDATE counter SET value = %s WHERE id = 1"
+PG_LOG_COMMIT = "INSERT INTO commits (value, owner) VALUES (%s, %s)"
+#: The 5 ms between the read and the write, where another writer would slip in without the lease.
+PG_WORK_S = 0.005
+
+
+def pg_increment(lease: Any, connection: Any, work_s: float = PG_WORK_S) -> None:
+    """In the transaction open on ``connection``: check in to the lease, read the counter, wait
+    ``work_s``, write counter+1 and log (value, owner). The caller commits."""
+    lease.check_in(connection)
+    (value,) = connection.execute(PG_COUNTER).fetchone()
+    time.sleep(work_s)  # the work between the read and the write (not synchronisation)
+    connection.execute(PG_WRITE_COUNTER, (value + 1,))
+    connection.execute(PG_LOG_COMMIT, (value + 1, lease.owner))
+
+
+def pg_counter(dsn: str, table: str, key: str, rounds: int, lease_s: float, out: Any, ctl: Any) -> None:
+    """``rounds`` times: hold ``key`` and, in one psycopg transaction, check in, read the counter,
+    wait 5 ms and write counter+1, then commit. Reports ``("done", pid, commits)``: the transactions
+    that committed (one that raised is rolled back and not counted)."""
+    try:
+        import psycopg
+
+        from fastlease import SyncDistributedLock
+
+        client = fastlease_client(dsn)
+        connection = psycopg.connect(dsn)
+        try:
+            ready_for(out, ctl, "start")
+            rng = random.Random()
+            commits = 0
+            for _ in range(rounds):
+                with SyncDistributedLock(client, table=table, key=key, lease_duration=lease_s,
+                                         wait_timeout=CONTEND_WAIT_S) as lease:
+                    with connection.transaction():
+                        pg_increment(lease, connection)
+                    commits += 1
+                time.sleep(rng.uniform(0.0, 0.03))  # outside the lease, so that others win turns too
+            out.send(("done", os.getpid(), commits))
+        finally:
+            connection.close()
+            client.close()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        _report_error(out)
+
+
+def pg_stop_in_transaction(dsn: str, table: str, key: str, lease_s: float, checked_in: bool,
+                           out: Any, ctl: Any) -> None:
+    """Hold ``key``, open a transaction and, if ``checked_in``, run the whole increment in it (check_in,
+    read, write) but do not commit. Report ``("held", pid, owner, backend_pid)`` and wait for "go" (the
+    parent SIGSTOPs us meanwhile). Then finish: check in (when not done yet) and increment, commit; report
+    ``("done", pid, outcomes)`` with what the transaction ("transaction"), the lease row's own check
+    ("row_check", when not checked in before the stop) and the block's exit raised."""
+    try:
+        import psycopg
+
+        from fastlease import SyncDistributedLock
+
+        client = fastlease_client(dsn)
+        connection = psycopg.connect(dsn)
+
+        def body(lease: Any, outcomes: Dict[str, Any]) -> None:
+            connection.execute("SELECT 1")  # the transaction is open (psycopg begins one implicitly)
+            if checked_in:
+                pg_increment(lease, connection)
+            outcomes["valid_before_stop"] = lease.is_valid()
+            out.send(("held", os.getpid(), lease.owner, connection.info.backend_pid))
+            outcomes["instruction"] = _wait_message(ctl)
+
+            def finish() -> None:
+                try:
+                    if not checked_in:
+                        pg_increment(lease, connection)
+                    connection.commit()
+                except BaseException:
+                    connection.rollback()
+                    raise
+
+            outcomes["transaction"] = _outcome(finish)
+            if not checked_in:
+                # The lease row's own answer, past the local validity check that refuses first (a holder
+                # whose clock misled it would get this far): the client's part of check_in.
+                def row_check() -> None:
+                    try:
+                        lease._lease.client._check_in(lease._lease, connection)
+                    finally:
+                        connection.rollback()
+
+                outcomes["row_check"] = _outcome(row_check)
+
+        try:
+            guard = SyncDistributedLock(client, table=table, key=key, lease_duration=lease_s, wait_timeout=10)
+            outcomes = hold_in_block(guard, body)
+        finally:
+            connection.close()
+            client.close()
+        out.send(("done", os.getpid(), outcomes))
     except BaseException:  # noqa: BLE001 - reported to the parent
         _report_error(out)

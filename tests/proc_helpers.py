@@ -91,6 +91,16 @@ def kill_and_reap(child: Child) -> None:
     assert child.proc.exitcode == -signal.SIGKILL
 
 
+def assert_exclusive(holds: list, contenders: int) -> None:
+    """No two of ``holds`` (``mp_workers.contend``'s) overlap, and the key changed hands between processes
+    at least ``contenders`` times. CLOCK_MONOTONIC is system-wide on Linux: intervals of all processes compare."""
+    holds = sorted(holds)
+    overlaps = [(a, b) for a, b in zip(holds, holds[1:]) if b[0] <= a[1]]
+    assert not overlaps, f"{len(overlaps)} overlapping holds, e.g. {overlaps[:3]}"
+    handovers = sum(1 for a, b in zip(holds, holds[1:]) if a[3] != b[3])
+    assert handovers >= contenders, f"only {handovers} handovers between processes"
+
+
 def run_contenders(children: Children, target: str, table: str, key: str, count: int, rounds: int,
                    fast_path: bool, lease_s: float) -> list:
     """``count`` processes run ``mp_workers.contend`` on ``key`` together; their holds, every one exited 0."""
