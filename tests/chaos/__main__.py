@@ -16,7 +16,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None, help="replay a run (each run prints its seed)")
     parser.add_argument("--faults", default="", help="comma-separated fault kinds to inject alone (default: all, "
                         "mixed): kill_holder, kill_waiter, pause_holder, clock_jump, lost_response, late_commit, "
-                        "stall, partition, reset")
+                        "stall, partition, reset (DynamoDB, Redis), drop_connection (PostgreSQL)")
     args = parser.parse_args()
     failed = False
     for store in (STORES if args.store == "all" else (args.store,)):
@@ -25,6 +25,8 @@ def main() -> int:
                      say=lambda line: print(line, flush=True))
         print(report.line(), flush=True)
         print(f"  errors seen by workers: {report['errors']}", flush=True)
+        if "dropped_backends" in report:
+            print(f"  backends of holders terminated: {report['dropped_backends']}", flush=True)
         bad = (report["lost_updates"] or report["double_commits"] or report["stale_commits"]
                or report["worst_recovery_s"] > RECOVERY_BOUND_S or report["commits"] == 0)
         failed = failed or bool(bad)

@@ -1,4 +1,4 @@
-"""The bounded chaos run of ``make test`` (about 60 s over the four stores; ``make chaos`` runs long ones),
+"""The bounded chaos run of ``make test`` (about 75 s over the five stores; ``make chaos`` runs long ones),
 plus tests that the checker and the fault proxy can fail, so a clean run means something."""
 
 from __future__ import annotations
@@ -12,20 +12,24 @@ from . import workload
 from .harness import RECOVERY_BOUND_S, _check, run
 from .proxy import FaultProxy
 
-SECONDS = {"memory": 10.0, "sqlite": 14.0, "redis": 14.0, "dynamodb": 16.0}
+SECONDS = {"memory": 10.0, "sqlite": 14.0, "redis": 14.0, "dynamodb": 16.0, "postgres": 14.0}
 
 
-# Workers are processes (SIGKILL, SIGSTOP) except on memory; DynamoDB and Redis run their own servers.
+# Workers are processes (SIGKILL, SIGSTOP) except on memory; DynamoDB, Redis and PostgreSQL run their own
+# servers.
 @pytest.mark.slow
 @pytest.mark.parametrize("store", [
     pytest.param("memory"),
     pytest.param("sqlite", marks=pytest.mark.posix),
     pytest.param("redis", marks=[pytest.mark.server, pytest.mark.posix]),
     pytest.param("dynamodb", marks=[pytest.mark.server, pytest.mark.posix]),
+    pytest.param("postgres", marks=[pytest.mark.server, pytest.mark.posix]),
 ])
 def test_mutual_exclusion_holds_under_faults(store, request):
     if store == "redis":
         request.getfixturevalue("redis_url")  # skips (or fails under CI=true) without a redis-server
+    if store == "postgres":
+        request.getfixturevalue("postgres_dsn")  # the same without PostgreSQL
     lines: list[str] = []
     report = run(store, SECONDS[store], say=lines.append)
     print(report.line())

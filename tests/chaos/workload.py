@@ -4,6 +4,8 @@ The write commits only under the lease, the way users are told to do it on each 
 
 * SQLite: one ``BEGIN IMMEDIATE`` transaction with ``lease.check_in(connection)``;
 * DynamoDB: one ``SyncTransaction`` with ``lease.check_in(tx)``;
+* PostgreSQL: one psycopg transaction with ``lease.check_in(connection)``, which locks the lease row
+  in it, so no takeover commits before the transaction ends;
 * Redis and memory: a fencing-token check (a Redis script; a critical section in memory) on the read
   *and* on the write. The read refuses a token lower than the highest seen and records its own as the
   highest seen; the write refuses a token lower than the highest seen. Fencing only the write is not
@@ -126,6 +128,52 @@ def _increment_dynamodb(lease: Any, client: Any, plain: Any) -> bool:
     return True
 
 
+def application_name(pid: int) -> str:
+    """PostgreSQL: the application_name of worker ``pid``'s connections (its client's, its renewal
+    process's and the counter's), by which the harness finds the holder's backends to drop them."""
+    return f"fastlease-chaos-{pid}"
+
+
+#: PostgreSQL: the counter's requests; 2 s bounds each (a dropped connection or a stopped peer), as the
+#: socket timeouts of the other stores' counter clients do.
+PG_TIMEOUTS = "-c statement_timeout=2000 -c lock_timeout=2000"
+
+
+class PostgresCounter:
+    """The worker's connection for the counter, opened again after the harness dropped it."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.connection: Any = None
+
+    def open(self) -> Any:
+        import psycopg
+
+        if self.connection is None or self.connection.closed or self.connection.broken:
+            if self.connection is not None:
+                self.connection.close()
+            self.connection = psycopg.connect(self.target, options=PG_TIMEOUTS, connect_timeout=2)
+        return self.connection
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+
+
+def _increment_postgres(lease: Any, counter: PostgresCounter, work_s: float) -> bool:
+    """The work happens between the read and the write, inside the checked-in transaction, so a pause
+    often lands there: the takeover must then wait for this transaction to end."""
+    connection = counter.open()
+    with connection.transaction():
+        lease.check_in(connection)
+        (value,) = connection.execute(f"SELECT value FROM {COUNTER_TABLE} WHERE id = 1").fetchone()
+        time.sleep(work_s)  # the work (a pause may land here)
+        connection.execute(f"UPDATE {COUNTER_TABLE} SET value = %s WHERE id = 1", (value + 1,))
+        connection.execute(f"INSERT INTO {COMMITS_TABLE} (value, owner, token) VALUES (%s, %s, %s)",
+                           (value + 1, lease.owner, lease.fencing_token))
+    return True
+
+
 def _increment_redis(lease: Any, plain: Any) -> bool:
     """False when the fence refused the read or the write (a newer holder has been seen): no commit."""
     value = plain.eval(FENCED_READ, 2, "chaos:counter", "chaos:max_token", lease.fencing_token)
@@ -173,6 +221,10 @@ def make_client(store: str, target: str, clock: Any, plain: Any = None) -> Any:
         from fastlease.redis import RedisClient
 
         return RedisClient(target, clock=clock)
+    if store == "postgres":
+        from fastlease import PostgresClient
+
+        return PostgresClient(target, clock=clock)
     from fastlease.dynamodb import DynamoDBClient
 
     # Built on the retry-free client: SyncTransaction commits through it, never resending a commit.
@@ -194,6 +246,8 @@ def plain_client(store: str, target: str) -> Any:
 
         return boto3.client("dynamodb", endpoint_url=target, **CREDENTIALS,
                             config=Config(retries={"total_max_attempts": 1}, read_timeout=2, connect_timeout=2))
+    if store == "postgres":
+        return PostgresCounter(target)
     return None
 
 
@@ -205,10 +259,14 @@ def work(store: str, target: str, clock_path: Optional[str], stop_at: float, see
 
     rng = random.Random(seed)
     clock = JumpingClock(clock_path) if clock_path else None
+    pid = os.getpid()
+    if store == "postgres":
+        from psycopg.conninfo import make_conninfo
+
+        target = make_conninfo(target, application_name=application_name(pid))
     plain = plain_client(store, target)
     client = make_client(store, target, clock, plain)
     deadline = stop_at
-    pid = os.getpid()
     try:
         while time.monotonic() < deadline:  # bounded by the deadline
             # Waits end soon after the run does, so that the harness is not kept waiting.
@@ -217,11 +275,15 @@ def work(store: str, target: str, clock_path: Optional[str], stop_at: float, see
             try:
                 with guard as lease:
                     events.put(("held", pid, lease.owner, time.time()))
-                    time.sleep(rng.uniform(0.0, 0.05))  # work before the write (a pause may land here)
+                    work_s = rng.uniform(0.0, 0.05)
+                    if store != "postgres":
+                        time.sleep(work_s)  # work before the write (a pause may land here)
                     if store == "sqlite":
                         committed = _increment_sqlite(lease, target)
                     elif store == "dynamodb":
                         committed = _increment_dynamodb(lease, client, plain)
+                    elif store == "postgres":
+                        committed = _increment_postgres(lease, plain, work_s)
                     else:
                         committed = _increment_redis(lease, plain)
                     if not committed:  # the fence refused the read or the write: nothing committed
@@ -233,3 +295,5 @@ def work(store: str, target: str, clock_path: Optional[str], stop_at: float, see
             time.sleep(rng.uniform(0.0, 0.02))
     finally:
         client.close()
+        if isinstance(plain, PostgresCounter):
+            plain.close()
