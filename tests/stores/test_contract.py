@@ -18,6 +18,8 @@ from fastlease.testing import NO_USAGE
 
 USAGE = NO_USAGE
 T = 5.0  # request timeout passed to every operation
+#: The idempotency record table: made by the factory where a store needs its tables made.
+RECORDS = "records"
 
 
 @contextlib.contextmanager
@@ -40,6 +42,7 @@ def dynamodb_mock_store() -> Iterator[Any]:
         assert client.transport == "fast"  # answered in-process through before-send
         for table in ("locks", "other"):
             client.create_lock_table(table)
+        client.create_idempotency_table(RECORDS)
         try:
             yield client.store
         finally:
@@ -55,10 +58,12 @@ def dynamodb_server_store(request: pytest.FixtureRequest, fast_path: bool = True
     client = DynamoDBClient(session=request.getfixturevalue("moto_session"), endpoint_url=endpoint,
                             fast_path=fast_path)
     assert client.transport == ("fast" if fast_path else "boto3")
-    for table in ("locks", "other"):
+    for table in ("locks", "other", RECORDS):
         if client.lock_table_exists(table):
             client.boto3_client.delete_table(TableName=table)
+    for table in ("locks", "other"):
         client.create_lock_table(table)
+    client.create_idempotency_table(RECORDS)
     try:
         yield client.store
     finally:
@@ -89,7 +94,24 @@ def redis_store(request: pytest.FixtureRequest) -> Iterator[Any]:
         client.close()
 
 
-#: Every store joins the suite here: a factory that yields a store with fresh tables "locks" and "other".
+@contextlib.contextmanager
+def postgres_store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A real PostgreSQL server, started by the test session; the tables made by create_lock_table in an
+    emptied schema."""
+    from fastlease.postgres import PostgresClient
+
+    client = PostgresClient(request.getfixturevalue("postgres_db"))
+    for table in ("locks", "other"):
+        client.create_lock_table(table)
+    client.create_idempotency_table(RECORDS)
+    try:
+        yield client.store
+    finally:
+        client.close()
+
+
+#: Every store joins the suite here: a factory that yields a store with fresh lock tables "locks" and "other"
+#: and the record table RECORDS.
 STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "memory": lambda request: memory_store(),
     "dynamodb-mock": lambda request: dynamodb_mock_store(),
@@ -97,12 +119,16 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "dynamodb-server-boto3": lambda request: dynamodb_server_store(request, fast_path=False),
     "sqlite": sqlite_store,
     "redis": redis_store,
+    "postgres": postgres_store,
 }
 #: In-process moto (mock_aws) does not make a conditional write atomic against concurrent threads
 #: (moto's limitation, not the adapter's), so the race test runs where the store itself is atomic.
 ATOMIC_STORES = sorted(set(STORES) - {"dynamodb-mock"})
 #: Stores that need a server process: their cases are marked ``server`` (the wheel tests deselect them).
-SERVER_STORES = {"dynamodb-server", "dynamodb-server-boto3", "redis"}
+SERVER_STORES = {"dynamodb-server", "dynamodb-server-boto3", "redis", "postgres"}
+#: Stores whose keys cannot hold NUL (PostgreSQL's text type): they refuse such a key with ValueError,
+#: before any request, rather than store something else.
+NUL_REFUSING_STORES = {"postgres"}
 
 
 def store_params(names: list[str]) -> list[Any]:
@@ -225,7 +251,12 @@ def test_fencing_tokens_strictly_increase_and_survive_release_or_are_absent(stor
     "#owner = :owner OR attribute_exists(#key)", "x'); DROP TABLE fastlease_lock_locks; --",
     "]] .. redis.call('FLUSHALL') .. [[", "%s%n%x${jndi:ldap://127.0.0.1/a}", "\x00\x01\r\n*1\r\n$4\r\nPING\r\n",
 ])
-def test_keys_and_tables_are_isolated_and_exact(store, key):
+def test_keys_and_tables_are_isolated_and_exact(store, key, request):
+    if "\x00" in key and request.node.callspec.params["store"] in NUL_REFUSING_STORES:
+        for operation in (lambda: put(store, key=key, owner="mine"), lambda: read(store, key=key)):
+            with pytest.raises(ValueError, match=r"NUL"):
+                operation()
+        return
     assert put(store, key=key, owner="mine") is True
     assert put(store, key=key, table="other", owner="theirs") is True
     assert read(store, key=key).owner == "mine"
@@ -268,7 +299,7 @@ def test_every_request_of_a_networked_or_file_store_is_logged_at_debug_without_d
     read(store, key="logged-key")
     finish = getattr(store, "finish_if_owner", None)
     if finish is not None:  # the idempotency record's data must never reach a log line
-        finish("locks", "logged-key", "other", Record("COMPLETED", "f", b"private-result-bytes", 0, "o1"), 0, T)
+        finish("locks", "logged-key", RECORDS, Record("COMPLETED", "f", b"private-result-bytes", 0, "o1"), 0, T)
     lines = [record.getMessage() for record in caplog.records
              if record.name.startswith("fastlease.stores.") and record.levelno == logging.DEBUG]
     if isinstance(store, MemoryStore):

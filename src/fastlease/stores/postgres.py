@@ -420,6 +420,7 @@ class PostgresStore:
             _log.debug("%s %r -> %s", operation, key, outcome_for_log(classified))
             raise classified from failure
         self._give_back(session)
+        _log.debug("%s %r -> ok", operation, key)  # one line per request, as on every store; no data
         return result
 
     def _classify(self, failure: _Failure, key: str, statement: bytes, write: bool) -> Exception:
