@@ -32,7 +32,9 @@ from fastlease.idempotency import (
 )
 from proc_helpers import JOIN_S, Children, kill_and_reap, receive
 
-STORES = ["memory", "sqlite", "dynamodb", "redis"]
+STORES = ["memory", "sqlite", "dynamodb", "redis", "postgres"]
+#: Stores reached through a server process (the moto server, redis-server, PostgreSQL).
+SERVER_KINDS = ("dynamodb", "redis", "postgres")
 BOUND_S = 30.0
 
 
@@ -53,8 +55,11 @@ class Store:
             request.getfixturevalue("redis_db")
             self.target = request.getfixturevalue("redis_url")
         else:
-            self.target = request.getfixturevalue("moto_endpoint")
-            request.getfixturevalue("moto_session")
+            if kind == "postgres":  # the session server's emptied schema
+                self.target = request.getfixturevalue("postgres_db")
+            else:
+                self.target = request.getfixturevalue("moto_endpoint")
+                request.getfixturevalue("moto_session")
             client = self.client()
             client.create_idempotency_table(self.table)
             client.create_lock_table(self.lock_table)
@@ -78,8 +83,8 @@ def opened(request: pytest.FixtureRequest) -> Iterator[Store]:
 
 
 def store_params(kinds: list[str]) -> list[object]:
-    """DynamoDB (the moto server) and Redis cases are marked ``server``: the wheel tests deselect them."""
-    return [pytest.param(kind, marks=pytest.mark.server) if kind in ("dynamodb", "redis") else kind for kind in kinds]
+    """The cases of SERVER_KINDS are marked ``server``: the wheel tests deselect them."""
+    return [pytest.param(kind, marks=pytest.mark.server) if kind in SERVER_KINDS else kind for kind in kinds]
 
 
 store = pytest.fixture(params=store_params(STORES), name="store")(opened)
@@ -503,20 +508,29 @@ def test_a_completion_whose_answer_is_lost_is_recognised_as_ours(core, monkeypat
 
 
 
-def client_in_this_process(kind: str, request: pytest.FixtureRequest, tmp_path: Any, clock: Any = None) -> Any:
-    """A client of this process on ``kind`` (memory, SQLite in ``tmp_path``, or the session's Redis, its
-    database emptied), on ``clock`` if given."""
+def client_in_this_process(kind: str, request: pytest.FixtureRequest, tmp_path: Any, table: str,
+                           clock: Any = None) -> Any:
+    """A client of this process on ``kind`` (memory, SQLite in ``tmp_path``, the session's Redis, its
+    database emptied, or the session's PostgreSQL, its schema emptied and the tables of ``table`` made),
+    on ``clock`` if given."""
     if kind == "memory":
         return MemoryClient(clock=clock)
     if kind == "sqlite":
         return SQLiteClient(tmp_path / "records.db", clock=clock)
+    if kind == "postgres":
+        from fastlease import PostgresClient
+
+        client = PostgresClient(request.getfixturevalue("postgres_db"), clock=clock)
+        client.create_idempotency_table(table)
+        client.create_lock_table(f"{table}_locks")
+        return client
     from fastlease import RedisClient
 
     request.getfixturevalue("redis_db")
     return RedisClient(request.getfixturevalue("redis_url"), clock=clock)
 
 
-@pytest.mark.parametrize("kind", store_params(["memory", "sqlite", "redis"]))
+@pytest.mark.parametrize("kind", store_params(["memory", "sqlite", "redis", "postgres"]))
 def test_records_expire_on_the_clients_clock_not_the_machines(kind, request, tmp_path):
     # A FakeClock starts on 2026-01-01, months behind the machine's clock. A store that counted a record's
     # expiry on the machine's clock (Redis PX, SQLite's purge) would drop it at once, and the duplicate
@@ -524,9 +538,9 @@ def test_records_expire_on_the_clients_clock_not_the_machines(kind, request, tmp
     from fastlease.testing import FakeClock
 
     clock = FakeClock()
-    client = client_in_this_process(kind, request, tmp_path, clock=clock)
-    runs: list[str] = []
     table = f"expiry_{uuid.uuid4().hex[:8]}"
+    client = client_in_this_process(kind, request, tmp_path, table, clock=clock)
+    runs: list[str] = []
 
     @idempotent(client, table=table, key="{order}", ttl=3600)
     def charge(order: str) -> int:
@@ -544,12 +558,12 @@ def test_records_expire_on_the_clients_clock_not_the_machines(kind, request, tmp
         client.close()
 
 
-@pytest.mark.parametrize("kind", store_params(["memory", "sqlite", "redis"]))
+@pytest.mark.parametrize("kind", store_params(["memory", "sqlite", "redis", "postgres"]))
 def test_a_completed_call_leaves_only_its_record(kind, request, tmp_path):
     # Idempotency keys are mostly used once: a lease row or fencing counter kept per key would grow the
     # store without bound. The completion's atomic request removes both; only the record stays (with its ttl).
-    client = client_in_this_process(kind, request, tmp_path)
     table = f"once_{uuid.uuid4().hex[:8]}"
+    client = client_in_this_process(kind, request, tmp_path, table)
     try:
         for order in ("o-1", "o-2", "o-3"):
             with IdempotentCall(client, table=table, key=order) as call:
@@ -565,6 +579,13 @@ def test_a_completed_call_leaves_only_its_record(kind, request, tmp_path):
             assert db.execute(f'SELECT count(*) FROM "fastlease_lock_{table}_locks"').fetchone() == (0,)
             assert db.execute(f'SELECT count(*) FROM "fastlease_record_{table}"').fetchone() == (3,)
             db.close()
+        elif kind == "postgres":
+            import psycopg
+
+            with psycopg.connect(request.getfixturevalue("postgres_dsn")) as db:
+                assert db.execute(f'SELECT count(*) FROM "{table}_locks"').fetchone() == (0,)  # fences too
+                assert db.execute(f'SELECT key FROM "{table}" ORDER BY key').fetchall() == [
+                    (f"o-{n}",) for n in (1, 2, 3)]
         else:
             names = sorted(name.decode() for name in request.getfixturevalue("redis_db").keys(f"fastlease:{table}*"))
             assert names == [f"fastlease:{table}:record:o-{n}" for n in (1, 2, 3)]

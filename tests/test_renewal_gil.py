@@ -47,6 +47,7 @@ STORES = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("redis", id="redis", marks=pytest.mark.server),
     pytest.param("dynamodb", id="dynamodb", marks=pytest.mark.server),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.server),
 ]
 
 
@@ -58,12 +59,21 @@ class Target(NamedTuple):
 
 @pytest.fixture(params=STORES)
 def target(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Target]:
-    """A store for the test's processes: a temp SQLite file, the session's redis-server, or a new table on
-    the session's serialised moto server (those fixtures fail under CI=true when the server cannot start)."""
+    """A store for the test's processes: a temp SQLite file, the session's redis-server, a new table on
+    the session's serialised moto server, or a lock table in the session PostgreSQL's emptied schema (those
+    fixtures fail under CI=true when the server cannot start)."""
     if request.param == "sqlite":
         yield Target("sqlite", f"sqlite:{tmp_path / 'locks.sqlite3'}", "locks")
     elif request.param == "redis":
         yield Target("redis", request.getfixturevalue("redis_url"), "locks")
+    elif request.param == "postgres":
+        from fastlease import PostgresClient
+
+        dsn = request.getfixturevalue("postgres_db")
+        admin = PostgresClient(dsn)
+        admin.create_lock_table("locks")
+        admin.close()
+        yield Target("postgres", dsn, "locks")
     else:
         from fastlease.dynamodb import DynamoDBClient
 
