@@ -174,6 +174,10 @@ _HINTS = {
 }
 
 
+#: What a concurrent ``CREATE ... IF NOT EXISTS`` of the same name that won the race leaves the others:
+#: a duplicate catalog row (23505), relation (42P07) or row type (42710, "type ... already exists").
+_CREATION_RACE_CODES = ("23505", "42P07", "42710")
+
 _QUOTED = re.compile(r'"[A-Za-z0-9_.-]+"')  # the quoted table names in a statement, for messages
 
 
@@ -547,22 +551,23 @@ class PostgresStore:
         refused. Concurrent creations of one table are fine too (PostgreSQL may reject all but one)."""
         name = sql_identifier(table)
         schema, columns = (RECORD_TABLE_SCHEMA, RECORD_COLUMNS) if records else (LOCK_TABLE_SCHEMA, LOCK_COLUMNS)
-        statements = [schema.format(name=name)]
-        if records:
-            statements.append(RECORD_EXPIRY_INDEX.format(index=expiry_index_name(table), name=name))
-        for statement in statements:
-            try:
-                self._request("create_table", table, statement.encode(), [], timeout_s, True, prepare=False)
-            except StoreRequestRejected as error:
-                if "SQLSTATE 23505" not in str(error) and "SQLSTATE 42P07" not in str(error):
-                    raise  # 23505/42P07: a concurrent creation of the same name won the race
+        self._create(table, schema.format(name=name), timeout_s)
         found = self.columns(table, timeout_s)
-        if found != columns:
+        if found != columns:  # checked before the index, which another table's columns would fail obscurely
             kind = "idempotency record" if records else "lock"
             raise StoreRequestRejected(
                 f"PostgreSQL table {table!r} exists with other columns than a fastlease {kind} table: "
                 f"found {list(found)}, expected {list(columns)}; use another name, or drop it"
             )
+        if records:
+            self._create(table, RECORD_EXPIRY_INDEX.format(index=expiry_index_name(table), name=name), timeout_s)
+
+    def _create(self, table: str, statement: str, timeout_s: float) -> None:
+        try:
+            self._request("create_table", table, statement.encode(), [], timeout_s, True, prepare=False)
+        except StoreRequestRejected as error:
+            if not any(f"SQLSTATE {code}" in str(error) for code in _CREATION_RACE_CODES):
+                raise
 
     def columns(self, table: str, timeout_s: float = 10.0) -> tuple[tuple[str, str], ...]:
         """The (name, type) columns of ``table`` as the store's connection resolves it; () if there is none."""
