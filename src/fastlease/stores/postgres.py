@@ -216,6 +216,13 @@ class _Failure(Exception):
         self.sent = sent
 
 
+#: The server's statement and lock timeouts, as a share of the request's timeout. A statement that waits
+#: (for a row lock, say) must be cancelled by the server, which answers "not done" on a connection that
+#: stays usable, before the client's own deadline gives up on an answer, drops the connection and must
+#: count the write as maybe committed. The rest of the timeout covers the round trip and scheduling.
+SERVER_TIMEOUT_SHARE = 0.8
+
+
 class _Session:
     """One of the store's own connections: autocommit, driven through libpq (``psycopg.pq``) so that
     the wait for each answer has a deadline of ours."""
@@ -223,7 +230,8 @@ class _Session:
     def __init__(self, connection: Any, session_state: bool) -> None:
         self.connection = connection
         self.pgconn = connection.pgconn
-        # The statement_timeout set on the server; -1: not set yet; None: never set (no session state).
+        # The request timeout whose server-side bounds are set; -1: not set yet; None: never set (no session
+        # state).
         self.timeout_ms: Optional[int] = -1 if session_state else None
         #: The statements prepared on this connection, and their names; None: unnamed statements only.
         self.prepared: Optional[dict[bytes, bytes]] = {} if session_state else None
@@ -242,7 +250,8 @@ class _Session:
         timeout_ms = max(1, int(timeout_s * 1000))
         pgconn = self.pgconn
         if self.timeout_ms is not None and timeout_ms != self.timeout_ms:
-            self._exchange(deadline, pq, pgconn.send_query_params, _SET_TIMEOUTS, [b"%d" % timeout_ms])
+            server_ms = max(1, int(timeout_ms * SERVER_TIMEOUT_SHARE))
+            self._exchange(deadline, pq, pgconn.send_query_params, _SET_TIMEOUTS, [b"%d" % server_ms])
             self.timeout_ms = timeout_ms
         prepared = self.prepared
         if prepared is None or not prepare:
