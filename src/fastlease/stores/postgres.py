@@ -311,6 +311,22 @@ class _Session:
         poller.register(self.pgconn.socket, events)
         poller.poll(remaining * 1000)  # returns on readiness, an error or the deadline: all rechecked
 
+    def ended_by_server(self) -> bool:
+        """True if the server has ended this idle connection (``pg_terminate_backend``, a restart, an idle
+        timeout). An idle autocommit connection of ours is sent nothing unasked, so anything to read is
+        the server's last word (an error, then the end of the stream): the request goes on a new
+        connection instead of failing on this one as maybe committed."""
+        from psycopg import pq
+
+        try:
+            if self.pgconn.status != pq.ConnStatus.OK:
+                return True
+            poller = select.poll()
+            poller.register(self.pgconn.socket, select.POLLIN)
+            return bool(poller.poll(0))
+        except Exception:  # noqa: BLE001 - psycopg raises its OperationalError when the socket is gone
+            return True
+
     def close(self) -> None:
         try:
             self.connection.close()
@@ -388,9 +404,15 @@ class PostgresStore:
     def _take(self, timeout_s: float) -> _Session:
         if self._pid != os.getpid():  # a forked child: the inherited connections are the parent's
             self._idle, self._pid = [], os.getpid()
+        ended = []
         with self._lock:
-            if self._idle:
-                return self._idle.pop()
+            while self._idle:
+                session = self._idle.pop()
+                if not session.ended_by_server():
+                    return session
+                ended.append(session)
+        for session in ended:
+            session.close()
         if self._closed:
             raise StoreRequestRejected("the PostgresClient is closed")
         psycopg = self._psycopg
