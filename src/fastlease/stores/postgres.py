@@ -19,11 +19,14 @@ does not stop the holder's renewals.
 
 Requests run on the store's own connections (never the caller's: a lock step must not join or end
 the caller's transaction), taken from a small list of idle ones, one per concurrent request. Each
-request is bounded twice: ``statement_timeout`` (and ``lock_timeout``) on the server, and a deadline
-on the client's wait for the answer, which a stopped server or a dead network cannot stretch. A
-request past its deadline may have committed: the engine reconciles it. Each statement is prepared
-once per connection and then executed by name, unless the store is told the connections go through a
-transaction-pooling PgBouncer (``transaction_pooling``), where session state would leak to others.
+request is bounded twice: ``statement_timeout`` (and ``lock_timeout``) on the server, at 80% of the
+request's timeout so that a waiting statement is cancelled cleanly (not committed, the connection
+kept), and a deadline on the client's wait for the answer, which a stopped server or a dead network
+cannot stretch. A request past its deadline may have committed: the engine reconciles it. An idle
+connection that the server has ended (``pg_terminate_backend``, a restart) is replaced before a
+request is sent on it. Each statement is prepared once per connection and then executed by name,
+unless the store is told the connections go through a transaction-pooling PgBouncer
+(``transaction_pooling``), where session state would leak to others.
 
 Table names follow the library's rule (3-255 of ``A-Z a-z 0-9 _ . -``) and PostgreSQL's 63-byte limit
 on identifiers; SQL cannot take identifiers as parameters, so a name is validated, then double-quoted,
