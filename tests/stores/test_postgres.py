@@ -328,20 +328,31 @@ def test_check_in_after_a_takeover_raises_stolen_and_nothing_is_written(make_cli
     assert admin.execute('SELECT owner FROM "locks"').fetchall() == [("thief",)]  # the release left it alone
 
 
-def test_the_release_goes_through_a_checked_in_transaction(
-    make_client, postgres_db, admin, data_table
-):
-    # The release takes a weaker row lock than check_in's FOR KEY SHARE blocks, so it is not held up by
-    # the caller's open transaction (which then commits what it wrote while it held the lease).
-    client = make_client(tables=("locks",))
+def test_the_release_waits_for_a_checked_in_transaction_to_end(make_client, postgres_db, admin, data_table):
+    # The release locks the row FOR UPDATE, as a takeover does: nobody acquires after it before the
+    # caller's transaction, which checked in while the lease was held, has committed.
+    client = make_client("fl-releaser", tables=("locks",))
     with psycopg.connect(postgres_db) as conn:
+        errors: list[BaseException] = []
+
+        def commit_once_the_release_waits() -> None:
+            try:
+                _, _, blocking = wait_until(lambda: lock_waiter(admin, "fl-releaser"), "the release waiting")
+                assert blocking == [conn.info.backend_pid]
+                assert client.inspect("locks", "k") != []  # not freed while the transaction is open
+                conn.commit()
+            except BaseException as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+                conn.rollback()
+
+        committer = threading.Thread(target=commit_once_the_release_waits)
         with SyncDistributedLock(client, table="locks", key="k", lease_duration=5) as lease:
             lease.check_in(conn)
             conn.execute("INSERT INTO data VALUES (1, %s)", (lease.owner,))
-            started = time.monotonic()
-        assert time.monotonic() - started < lease.request_timeout  # released without waiting for the commit
-        assert lease.state == "released" and client.inspect("locks") == []
-        conn.commit()
+            committer.start()
+        committer.join(BOUND_S)
+        assert not committer.is_alive() and errors == []
+    assert lease.state == "released" and lease.lost_cause is None and client.inspect("locks") == []
     assert written(admin) == [(1, lease.owner)]
 
 
