@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import select
 import signal
 from pathlib import Path
@@ -21,6 +22,14 @@ SERVER_FIXTURES = frozenset({"moto_endpoint", "moto_session", "redis_url", "redi
                              "postgres_dsn", "postgres_db", "fastlease_postgres_dsn"})
 #: How long emptying a test's database may wait for a lock held by a connection an earlier test left open.
 EMPTY_DATABASE_LOCK_TIMEOUT = "10s"
+#: Test modules that import psycopg at the top. The wheel's server-free suite (the ``test-wheel``
+#: dependency group, which every platform can install) has no psycopg, and these modules' tests all need
+#: the PostgreSQL server anyway, so there they are not collected. ``make test`` installs psycopg (the
+#: ``test`` group), so it always collects them.
+PSYCOPG_MODULES = ["stores/test_postgres.py", "stores/test_postgres_feed.py", "test_bench_postgres.py",
+                   "test_postgres_processes.py"]
+collect_ignore = PSYCOPG_MODULES if importlib.util.find_spec("psycopg") is None else []
+
 #: Fixtures that fork or send POSIX signals: tests that use them are marked ``posix``.
 POSIX_FIXTURES = frozenset({"in_forked_child", "children", "read_only_file"})
 

@@ -34,7 +34,7 @@ def moto_server_module() -> ModuleType:
 
     return fastlease.testing.moto_server
 
-ROUNDS = 1600
+ROUNDS = 800
 CONTENDERS = 4
 REGION = "us-east-1"
 WAIT_S = 30.0  # bound for every barrier wait and thread join
@@ -81,7 +81,7 @@ def create_table(client: Any) -> str:
 
 
 def test_conditional_put_has_exactly_one_winner_per_round(moto_server: MotoServer) -> None:
-    """1,600 rounds; in each, 4 threads (own client each) released together by a barrier race to create one key."""
+    """800 rounds; in each, 4 threads (own client each) released together by a barrier race to create one key."""
     setup = make_client(moto_server.endpoint_url)
     table = create_table(setup)
     clients = [make_client(moto_server.endpoint_url) for _ in range(CONTENDERS)]
