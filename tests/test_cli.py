@@ -491,7 +491,7 @@ def test_postgres_without_a_dsn_says_what_to_pass(tmp_path, monkeypatch, capsys,
     ("host=127.0.0.1 port=70000 password=pw-secret", "port '70000' is not a number from 1 to 65535"),
     ("postgresql://app:pw-secret@db/app?nosuch=1", 'invalid URI query parameter: "nosuch"'),
 ], ids=["not-a-dsn", "uri-port", "keyword-port", "uri-parameter"])
-def test_a_bad_dsn_is_a_bad_command_line_with_one_line(tmp_path, monkeypatch, capsys, dsn, problem):
+def test_a_bad_postgres_dsn_is_a_bad_command_line_with_one_line(tmp_path, monkeypatch, capsys, dsn, problem):
     """Exit 2, as for a bad key, from --dsn or $FASTLEASE_POSTGRES_DSN, alike in every command and before
     anything is reached (the demo starts no server); any password hidden."""
     monkeypatch.chdir(tmp_path)
