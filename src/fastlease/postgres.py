@@ -26,6 +26,8 @@ class PostgresClient(LeaseClient):
     until the first request. Pass ``transaction_pooling=True`` when the DSN goes through a PgBouncer in
     transaction mode: the client then keeps no session state on its connections (no timeout settings,
     no prepared statements; see docs/operations.md), and each request is still bounded by its deadline.
+    A waiting client LISTENs for releases made by any process (one more connection, while it waits),
+    so it takes its turn at once instead of at its next poll; ``wake_on_release=False`` only polls.
 
     Create the tables once, at deployment: ``client.create_lock_table("locks")`` and, for idempotency
     keys, ``client.create_idempotency_table("requests")``; lock operations never create tables.
@@ -37,12 +39,15 @@ class PostgresClient(LeaseClient):
     store: PostgresStore
 
     def __init__(self, target: Any, *, clock: Optional[Clock] = None, transaction_pooling: bool = False,
-                 **engine: Any) -> None:
-        if type(transaction_pooling) is not bool:
-            raise TypeError(f"transaction_pooling must be a bool, got {transaction_pooling!r:.80}")
+                 wake_on_release: bool = True, **engine: Any) -> None:
+        for name, value in (("transaction_pooling", transaction_pooling), ("wake_on_release", wake_on_release)):
+            if type(value) is not bool:
+                raise TypeError(f"{name} must be a bool, got {value!r:.80}")
         conninfo, password = connection_settings(target)
         self.store = PostgresStore(conninfo, password, transaction_pooling)
         super().__init__(self.store, clock=clock, **engine)
+        # Waiters LISTEN for releases made anywhere; every release notifies, whatever this setting.
+        self.engine.release_feed = self.store.release_feed if wake_on_release else None
         #: The identity (server, database, lock table) of each lock table, as our connections see it.
         self._identities: dict[str, tuple[str, str, Optional[int]]] = {}
         #: The same, as each caller's connection sees it (a connection's server and database never change).

@@ -106,15 +106,19 @@ _UPDATE_VERSION_IF = """UPDATE {name} SET version = $1 WHERE key = $2 AND owner 
 #: A contender's turn-taking hint, once per hold.
 _MARK_WAITING = """UPDATE {name} SET waiting = true
 WHERE key = $1 AND owner = $2 AND version = $3 AND NOT waiting"""
-#: Release: free the row (the fence stays), returning the hint it had. The CTE reads the old hint under
-#: a FOR UPDATE lock, as a takeover does: a release waits for a checked-in transaction to end, so that
-#: nobody acquires the freed row while that transaction can still commit.
+#: Release: free the row (the fence stays), returning the hint it had, and notify the table's release
+#: channel with the key (delivered at commit, to the waiters of every client that listens: see
+#: postgres_feed). The CTE reads the old hint under a FOR UPDATE lock, as a takeover does: a release
+#: waits for a checked-in transaction to end, so that nobody acquires the freed row while that
+#: transaction can still commit.
 _FREE = """WITH held AS (
     SELECT waiting FROM {name} WHERE key = $1 AND owner = $2 FOR UPDATE
+), freed AS (
+    UPDATE {name} SET owner = NULL, version = NULL, waiting = false
+    WHERE key = $1 AND owner = $2 AND EXISTS (SELECT 1 FROM held)
+    RETURNING (SELECT waiting FROM held) AS waiting
 )
-UPDATE {name} SET owner = NULL, version = NULL, waiting = false
-WHERE key = $1 AND owner = $2 AND EXISTS (SELECT 1 FROM held)
-RETURNING (SELECT waiting FROM held)"""
+SELECT waiting, pg_notify($3, $1) FROM freed"""
 _READ = """SELECT owner, version, lease_ms, protocol, waiting, fence FROM {name}
 WHERE key = $1 AND owner IS NOT NULL"""
 _INSPECT = """SELECT key, owner, version, lease_ms, protocol, waiting, fence FROM {name}
@@ -194,6 +198,12 @@ def sql_identifier(table: str) -> str:
             f"so two names could be one table); got {len(table)}: {table!r:.80}"
         )
     return f'"{table}"'
+
+
+def release_channel(table: str) -> str:
+    """The NOTIFY channel of a lock table's releases. A digest of the name, so that it fits the 63 bytes
+    of an identifier whatever the name (a channel is per database, as the table is)."""
+    return "fastlease_release_" + hashlib.sha1(table.encode()).hexdigest()[:24]
 
 
 def expiry_index_name(table: str) -> str:
@@ -391,6 +401,8 @@ class PostgresStore:
         self.transaction_pooling = transaction_pooling
         #: The SQL of each (statement, table) used so far, formatted and encoded once.
         self._statements: dict[tuple[str, str, Optional[str]], bytes] = {}
+        self._release_channels: dict[str, bytes] = {}  # the NOTIFY channel of each lock table used
+        self._feed: Any = None
         self._idle: list[_Session] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -418,6 +430,10 @@ class PostgresStore:
             session.close()
         if self._closed:
             raise StoreRequestRejected("the PostgresClient is closed")
+        return self.connect(timeout_s)
+
+    def connect(self, timeout_s: float) -> _Session:
+        """A new connection of ours (autocommit, named ``fastlease`` unless the DSN names it), or _Failure."""
         psycopg = self._psycopg
         settings: dict[str, Any] = {"autocommit": True, "client_encoding": "UTF8",
                                     "connect_timeout": max(2, int(timeout_s + 0.999))}  # whole seconds, 2 at least
@@ -545,7 +561,10 @@ class PostgresStore:
         """Release: free the row (the fence counter stays) only if ``owner`` holds it. The row as it
         was (only its ``waiting`` hint is read back; the other fields are blank), else None."""
         statement = self._sql(_FREE, table)
-        result = self._request("delete_if_owner", key, statement, [_check_text(key), owner.encode()],
+        channel = self._release_channels.get(table)
+        if channel is None:
+            channel = self._release_channels[table] = release_channel(table).encode()
+        result = self._request("delete_if_owner", key, statement, [_check_text(key), owner.encode(), channel],
                                timeout_s, True)
         if result.ntuples == 0:
             return None
@@ -630,6 +649,15 @@ class PostgresStore:
             rows.append({"key": _text(result.get_value(index, 0)), **row._asdict()})
         return rows
 
+    @property
+    def release_feed(self) -> Any:
+        """The store's ReleaseFeed (``postgres_feed.PostgresReleaseFeed``), made on first use."""
+        if self._feed is None:
+            from .postgres_feed import PostgresReleaseFeed
+
+            self._feed = PostgresReleaseFeed(self)
+        return self._feed
+
     # ---- the renewal process (fastlease._renewal_link) -----------------------------------------------
     def renewal_config(self) -> Any:
         """What another process needs to renew here: the connection string (the password goes apart,
@@ -644,8 +672,11 @@ class PostgresStore:
         return cls(config[1], credentials, config[2])
 
     def close(self) -> None:
-        """Close the idle connections; a connection in use closes when its request ends."""
+        """Close the idle connections and stop the release feed; a connection in use closes when its
+        request ends."""
         self._closed = True
+        if self._feed is not None:
+            self._feed.close()
         with self._lock:
             idle, self._idle = self._idle, []
         if self._pid == os.getpid():
