@@ -183,6 +183,24 @@ def test_the_default_application_name_is_fastlease(postgres_db, admin):
         client.close()
 
 
+def test_transaction_pooling_keeps_no_session_state_on_the_connections(make_client):
+    # Behind a transaction-pooling PgBouncer, session settings and prepared statements would reach other
+    # clients of the same server connection: with transaction_pooling=True the client sets neither.
+    seen = {}
+    for pooling in (False, True):
+        client = make_client(f"fl-pooling-{pooling}", tables=("locks",), transaction_pooling=pooling)
+        with SyncDistributedLock(client, table="locks", key=f"k-{pooling}", lease_duration=30):
+            pass
+        sessions = client.store._idle  # the connections that served the requests, idle again
+        assert sessions
+        timeouts = {session.connection.execute("SHOW statement_timeout").fetchone()[0] for session in sessions}
+        prepared = sum(session.connection.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0]
+                       for session in sessions)
+        seen[pooling] = (timeouts, prepared)
+    assert seen[True] == ({"0"}, 0)  # the server's default, and nothing prepared
+    assert "0" not in seen[False][0] and seen[False][1] >= 2  # the acquisition and the release, prepared
+
+
 # ---- tables ---------------------------------------------------------------------------------------------
 def test_creating_the_tables_twice_is_fine(make_client):
     client = make_client()
