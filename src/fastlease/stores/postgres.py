@@ -48,6 +48,7 @@ from typing import Any, Optional, Sequence
 
 from ..exceptions import StoreError, StoreRequestRejected
 from .base import LockRow, Record, UsageMeter, check_table, outcome_for_log
+from .postgres_feed import PostgresReleaseFeed, release_channel
 
 _log = logging.getLogger("fastlease.stores.postgres")
 
@@ -198,12 +199,6 @@ def sql_identifier(table: str) -> str:
             f"so two names could be one table); got {len(table)}: {table!r:.80}"
         )
     return f'"{table}"'
-
-
-def release_channel(table: str) -> str:
-    """The NOTIFY channel of a lock table's releases. A digest of the name, so that it fits the 63 bytes
-    of an identifier whatever the name (a channel is per database, as the table is)."""
-    return "fastlease_release_" + hashlib.sha1(table.encode()).hexdigest()[:24]
 
 
 def expiry_index_name(table: str) -> str:
@@ -653,8 +648,6 @@ class PostgresStore:
     def release_feed(self) -> Any:
         """The store's ReleaseFeed (``postgres_feed.PostgresReleaseFeed``), made on first use."""
         if self._feed is None:
-            from .postgres_feed import PostgresReleaseFeed
-
             self._feed = PostgresReleaseFeed(self)
         return self._feed
 

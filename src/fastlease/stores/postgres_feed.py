@@ -13,15 +13,17 @@ must still win the conditional write. It never grants, extends or ends ownership
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import select
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .postgres import _Failure, _Session, release_channel
+if TYPE_CHECKING:  # the store module imports this one
+    from .postgres import _Session
 
-__all__ = ["PostgresReleaseFeed", "Watch"]
+__all__ = ["PostgresReleaseFeed", "Watch", "release_channel"]
 
 #: How long the listener thread waits for a notification before it looks at its watch list again.
 LISTENER_TICK_S = 0.01
@@ -33,6 +35,16 @@ LINGER_S = 2.0
 LISTENER_IDLE_EXIT_S = 30.0
 #: The bound on the listener's LISTEN and UNLISTEN requests.
 REQUEST_TIMEOUT_S = 5.0
+
+
+def release_channel(table: str) -> str:
+    """The NOTIFY channel of a lock table's releases. A digest of the name, so that it fits the 63 bytes
+    of an identifier whatever the name (a channel is per database, as the table is)."""
+    return "fastlease_release_" + hashlib.sha1(table.encode()).hexdigest()[:24]
+
+
+class ListenerLost(Exception):
+    """The listener's connection ended; the listener connects again (after a back-off)."""
 
 
 class _Channel:
@@ -124,7 +136,7 @@ class PostgresReleaseFeed:
                         backoff_s = 0.05
                     self._send_changes(session)
                     self._read(session)
-                except Exception as failure:  # noqa: BLE001 - _Failure, or psycopg's error on a broken socket
+                except Exception as failure:  # noqa: BLE001 - the store's failures, psycopg's, ListenerLost
                     self._lost(session, failure)
                     session = None
                     self._stop.wait(backoff_s)  # the waiters poll meanwhile
@@ -181,7 +193,7 @@ class PostgresReleaseFeed:
             from psycopg import pq
 
             if pgconn.status != pq.ConnStatus.OK:
-                raise _Failure("the listener's connection ended", None, True, False)
+                raise ListenerLost("the listener's connection ended")
         while True:
             notification = pgconn.notifies()
             if notification is None:
