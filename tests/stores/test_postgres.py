@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import psycopg
 import psycopg_pool
@@ -34,30 +34,6 @@ BOUND_S = 20.0
 #: The slack allowed past a request's timeout on this shared 2-core machine (a scheduling delay of the
 #: test's thread, not of the request: its deadline is checked on the client).
 MARGIN_S = 1.5
-
-
-@pytest.fixture
-def admin(postgres_db: str) -> Iterator[psycopg.Connection]:
-    """The test's own autocommit connection, for looking at the server from outside the store."""
-    with psycopg.connect(postgres_db, autocommit=True) as connection:
-        yield connection
-
-
-@pytest.fixture
-def make_client(postgres_db: str) -> Iterator[Callable[..., PostgresClient]]:
-    """PostgresClients on the test's database, each with its own application_name; closed after."""
-    clients: list[PostgresClient] = []
-
-    def build(app: str = "fl-test", *, tables: tuple[str, ...] = (), **kwargs: Any) -> PostgresClient:
-        client = PostgresClient(make_conninfo(postgres_db, application_name=app), **kwargs)
-        clients.append(client)
-        for table in tables:
-            client.create_lock_table(table)
-        return client
-
-    yield build
-    for client in clients:
-        client.close()
 
 
 def backends(admin: psycopg.Connection, app: str) -> list[int]:

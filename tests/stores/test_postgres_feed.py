@@ -11,37 +11,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from fastlease import PostgresClient, SyncDistributedLock
 from fastlease.stores.postgres import release_channel
 
 BOUND_S = 20.0
-
-
-@pytest.fixture
-def admin(postgres_db: str) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(postgres_db, autocommit=True) as connection:
-        yield connection
-
-
-@pytest.fixture
-def make_client(postgres_db: str) -> Iterator[Callable[..., PostgresClient]]:
-    clients: list[PostgresClient] = []
-
-    def build(app: str, **kwargs: Any) -> PostgresClient:
-        client = PostgresClient(make_conninfo(postgres_db, application_name=app), **kwargs)
-        clients.append(client)
-        client.create_lock_table("locks")
-        return client
-
-    yield build
-    for client in clients:
-        client.close()
+LOCKS = ("locks",)  # the lock table each client of these tests creates
 
 
 def wait_until(predicate: Callable[[], Any], what: str) -> Any:
@@ -86,7 +65,7 @@ class Waiter:
 
 
 def test_a_release_notifies_its_table_channel_with_the_key(make_client, postgres_db):
-    holder = make_client("fl-holder")
+    holder = make_client("fl-holder", tables=LOCKS)
     with psycopg.connect(postgres_db, autocommit=True) as listener:
         listener.execute(f'LISTEN "{release_channel("locks")}"')
         with SyncDistributedLock(holder, table="locks", key="job:é 1", lease_duration=5):
@@ -96,7 +75,7 @@ def test_a_release_notifies_its_table_channel_with_the_key(make_client, postgres
 
 
 def test_a_release_wakes_a_waiter_of_another_client_through_the_feed(make_client, admin):
-    holder, waiting = make_client("fl-holder"), make_client("fl-waiter")
+    holder, waiting = make_client("fl-holder", tables=LOCKS), make_client("fl-waiter", tables=LOCKS)
     feed = waiting.store.release_feed
     with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
         waiter = Waiter(waiting, "hot")
@@ -108,7 +87,7 @@ def test_a_release_wakes_a_waiter_of_another_client_through_the_feed(make_client
 
 
 def test_a_lost_notification_only_leaves_the_waiter_to_its_poll(make_client, admin):
-    holder, waiting = make_client("fl-holder"), make_client("fl-waiter")
+    holder, waiting = make_client("fl-holder", tables=LOCKS), make_client("fl-waiter", tables=LOCKS)
     feed = waiting.store.release_feed
     guard = SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30)
     guard.__enter__()
@@ -121,7 +100,7 @@ def test_a_lost_notification_only_leaves_the_waiter_to_its_poll(make_client, adm
 
 
 def test_the_feed_listens_again_after_its_connection_is_terminated(make_client, admin):
-    holder, waiting = make_client("fl-holder"), make_client("fl-waiter")
+    holder, waiting = make_client("fl-holder", tables=LOCKS), make_client("fl-waiter", tables=LOCKS)
     feed = waiting.store.release_feed
     with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
         waiter = Waiter(waiting, "hot")
@@ -136,7 +115,8 @@ def test_the_feed_listens_again_after_its_connection_is_terminated(make_client, 
 
 
 def test_without_wake_on_release_nothing_listens(make_client, admin):
-    holder, waiting = make_client("fl-holder"), make_client("fl-waiter", wake_on_release=False)
+    holder = make_client("fl-holder", tables=LOCKS)
+    waiting = make_client("fl-waiter", tables=LOCKS, wake_on_release=False)
     assert waiting.engine.release_feed is None
     with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
         waiter = Waiter(waiting, "hot")

@@ -14,25 +14,17 @@ must still win the conditional write. It never grants, extends or ends ownership
 from __future__ import annotations
 
 import hashlib
-import itertools
 import select
-import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable
+
+from ._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
 
 if TYPE_CHECKING:  # the store module imports this one
     from .postgres import _Session
 
 __all__ = ["PostgresReleaseFeed", "Watch", "release_channel"]
 
-#: How long the listener thread waits for a notification before it looks at its watch list again.
-LISTENER_TICK_S = 0.01
-#: A channel stays listened to this long after its last watcher left: a worker that loops over one
-#: table then keeps its LISTEN instead of renewing it on every wait.
-LINGER_S = 2.0
-#: The listener thread (and its connection) ends after this long with no channel; the next watch
-#: starts another.
-LISTENER_IDLE_EXIT_S = 30.0
 #: The bound on the listener's LISTEN and UNLISTEN requests.
 REQUEST_TIMEOUT_S = 5.0
 
@@ -47,64 +39,29 @@ class ListenerLost(Exception):
     """The listener's connection ended; the listener connects again (after a back-off)."""
 
 
-class _Channel:
-    __slots__ = ("watchers", "ready", "listening", "idle_since")
+class _Channel(WatchedChannel):
+    __slots__ = ("listening",)
 
     def __init__(self) -> None:
-        self.watchers: dict[int, tuple[str, Callable[[], None]]] = {}  # ident -> (key, wake)
-        self.ready = threading.Event()  # LISTEN confirmed by the server on the current connection
-        self.listening = False
-        self.idle_since = 0.0
+        super().__init__()
+        self.listening = False  # watchers: ident -> (key, wake)
 
 
-class Watch:
-    """A waiter's interest in one key's releases: ``ready`` once the server has confirmed the LISTEN on
-    the key's table; ``was_ready`` if it already had when the watch began."""
-
-    __slots__ = ("channel", "ident", "ready", "was_ready")
-
-    def __init__(self, channel: str, ident: int, ready: threading.Event, was_ready: bool) -> None:
-        self.channel = channel
-        self.ident = ident
-        self.ready = ready
-        self.was_ready = was_ready
-
-
-class PostgresReleaseFeed:
+class PostgresReleaseFeed(ListenerFeed):
     """The ReleaseFeed of one PostgresStore (see ``stores/base.py``). ``delivered`` counts the
     notifications that woke a waiter."""
 
+    thread_name = "fastlease-postgres-feed"
+    listener_errors = (Exception,)  # the store's _Failure, psycopg's errors on a broken socket, ListenerLost
+
     def __init__(self, store: Any) -> None:
+        super().__init__()
         self._store = store
-        self._lock = threading.Lock()
-        self._channels: dict[str, _Channel] = {}
-        self._idents = itertools.count(1)
-        self._thread: Optional[threading.Thread] = None
-        self._stop = threading.Event()
-        self.delivered = 0
 
     def watch(self, table: str, key: str, wake: Callable[[], None]) -> Watch:
         """Call ``wake()`` (on the listener thread; it must be quick and never raise) whenever ``key`` of
         ``table`` is released, until ``unwatch``. Never raises and never waits."""
-        name = release_channel(table)
-        with self._lock:
-            channel = self._channels.get(name)
-            if channel is None:
-                channel = self._channels[name] = _Channel()
-            ident = next(self._idents)
-            channel.watchers[ident] = (key, wake)
-            was_ready = channel.ready.is_set()
-            if not self._stop.is_set() and (self._thread is None or not self._thread.is_alive()):
-                self._thread = threading.Thread(target=self._listen, name="fastlease-postgres-feed", daemon=True)
-                self._thread.start()
-        return Watch(name, ident, channel.ready, was_ready)
-
-    def unwatch(self, watch: Watch) -> None:
-        """End ``watch``: its ``wake`` is not called again. The channel stays listened to ``LINGER_S`` more."""
-        with self._lock:
-            channel = self._channels.get(watch.channel)
-            if channel is not None and channel.watchers.pop(watch.ident, None) is not None and not channel.watchers:
-                channel.idle_since = time.monotonic()
+        return self._watch(release_channel(table), (key, wake))
 
     def subscribed(self, table: str) -> bool:
         """True once the server has confirmed our LISTEN on ``table``'s releases."""
@@ -112,54 +69,21 @@ class PostgresReleaseFeed:
             channel = self._channels.get(release_channel(table))
             return channel is not None and channel.listening and channel.ready.is_set()
 
-    def close(self) -> None:
-        """Stop the listener thread (joined for up to 5 s); waiters then rely on polling alone."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5)
+    # ---- the listener thread's I/O ----------------------------------------------------------------
+    def _new_channel(self) -> _Channel:
+        return _Channel()
 
-    # ---- the listener thread -----------------------------------------------------------------------
-    def _listen(self) -> None:
-        session: Optional[_Session] = None
-        backoff_s = 0.05
-        idle_since = time.monotonic()
-        try:
-            while not self._stop.is_set():
-                try:
-                    if session is None:
-                        session = self._store.connect(REQUEST_TIMEOUT_S)
-                        with self._lock:  # a new connection listens to nothing yet
-                            for channel in self._channels.values():
-                                channel.ready.clear()
-                                channel.listening = False
-                        backoff_s = 0.05
-                    self._send_changes(session)
-                    self._read(session)
-                except Exception as failure:  # noqa: BLE001 - the store's failures, psycopg's, ListenerLost
-                    self._lost(session, failure)
-                    session = None
-                    self._stop.wait(backoff_s)  # the waiters poll meanwhile
-                    backoff_s = min(backoff_s * 2, 1.0)
-                    continue
-                with self._lock:
-                    if self._channels:
-                        idle_since = time.monotonic()
-                    elif time.monotonic() - idle_since > LISTENER_IDLE_EXIT_S:
-                        self._thread = None
-                        return
-        finally:
-            if session is not None:
-                session.close()
+    def _connect(self) -> _Session:
+        session: _Session = self._store.connect(REQUEST_TIMEOUT_S)
+        return session
 
-    def _lost(self, session: Optional[_Session], failure: BaseException) -> None:
-        """The connection failed: forget what it listened to (the next one LISTENs again)."""
-        if session is not None:
-            session.close()
-        with self._lock:
-            for channel in self._channels.values():
-                channel.ready.clear()
-                channel.listening = False
+    def _disconnect(self, session: _Session) -> None:
+        session.close()
+
+    def _forget_subscriptions(self) -> None:
+        for channel in self._channels.values():
+            channel.ready.clear()
+            channel.listening = False
 
     def _send_changes(self, session: _Session) -> None:
         """LISTEN on channels that gained a watcher, UNLISTEN those idle past the linger."""
@@ -204,7 +128,4 @@ class PostgresReleaseFeed:
         with self._lock:
             channel = self._channels.get(name)
             wakes = [] if channel is None else [wake for watched, wake in channel.watchers.values() if watched == key]
-        if wakes:
-            self.delivered += 1
-        for wake in wakes:
-            wake()
+        self._wake_all(wakes)

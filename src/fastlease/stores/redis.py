@@ -28,7 +28,6 @@ Redis Cluster is not supported (a script touches the lease and the fence key).
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import threading
 import time
@@ -36,6 +35,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..exceptions import MalformedLockRow, StoreError, StoreRequestRejected
+from ._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
 from .base import NO_USAGE, LockRow, Record, UsageMeter, check_table, outcome_for_log
 
 _log = logging.getLogger("fastlease.stores.redis")
@@ -555,41 +555,16 @@ def _token(reply: object, key: str) -> int:
 # ---------------------------------------------------------------------------------------------
 # Wake-up on release
 # ---------------------------------------------------------------------------------------------
-#: The listener checks for subscription work this often; it bounds how long a new watch waits for
-#: its subscription (the engine then reads once more, so nothing released meanwhile is missed).
-LISTENER_TICK_S = 0.01
-#: A channel stays subscribed this long after its last watcher left: a worker that loops over one
-#: key then keeps its subscription instead of renewing it on every wait.
-LINGER_S = 2.0
-#: The listener thread exits after this long with no channel; the next watch starts another.
-LISTENER_IDLE_EXIT_S = 30.0
-
-
-class _Channel:
-    __slots__ = ("watchers", "ready", "subscribed", "outstanding", "idle_since")
+class _Channel(WatchedChannel):
+    __slots__ = ("subscribed", "outstanding")
 
     def __init__(self) -> None:
-        self.watchers: dict[int, Callable[[], None]] = {}
-        self.ready = threading.Event()  # subscribed, and confirmed by the server
+        super().__init__()
         self.subscribed = False  # our last command for it was SUBSCRIBE
         self.outstanding = 0  # SUBSCRIBE/UNSUBSCRIBE commands not yet confirmed
-        self.idle_since = 0.0
 
 
-class Watch:
-    """A waiter's interest in one key's releases: ``ready`` once the subscription is confirmed;
-    ``was_ready`` if it already was when the watch began."""
-
-    __slots__ = ("channel", "ident", "ready", "was_ready")
-
-    def __init__(self, channel: bytes, ident: int, ready: threading.Event, was_ready: bool) -> None:
-        self.channel = channel
-        self.ident = ident
-        self.ready = ready
-        self.was_ready = was_ready
-
-
-class RedisReleaseFeed:
+class RedisReleaseFeed(ListenerFeed):
     """Releases published by any process, delivered to this process's waiters at once.
 
     One listener thread per store owns one pub/sub connection (made with the pool's settings) and all
@@ -599,37 +574,18 @@ class RedisReleaseFeed:
     waiter must still win the conditional write. ``delivered`` counts messages that woke a waiter.
     """
 
+    thread_name = "fastlease-redis-feed"
+
     def __init__(self, store: RedisStore) -> None:
+        super().__init__()
         self._store = store
-        self._lock = threading.Lock()
-        self._channels: dict[bytes, _Channel] = {}
-        self._idents = itertools.count(1)
-        self._thread: Optional[threading.Thread] = None
-        self._stop = threading.Event()
-        self.delivered = 0
+        redis = store._redis
+        self.listener_errors = (redis.exceptions.RedisError, OSError)
 
     def watch(self, table: str, key: str, wake: Callable[[], None]) -> Watch:
         """Call ``wake()`` (on the listener thread; it must be quick and never raise) whenever the
         key is released, until ``unwatch``. Never raises and never waits."""
-        name = release_channel(table, key)
-        with self._lock:
-            channel = self._channels.get(name)
-            if channel is None:
-                channel = self._channels[name] = _Channel()
-            ident = next(self._idents)
-            channel.watchers[ident] = wake
-            was_ready = channel.ready.is_set()
-            if not self._stop.is_set() and (self._thread is None or not self._thread.is_alive()):
-                self._thread = threading.Thread(target=self._listen, name="fastlease-redis-feed", daemon=True)
-                self._thread.start()
-        return Watch(name, ident, channel.ready, was_ready)
-
-    def unwatch(self, watch: Watch) -> None:
-        """End ``watch``: its ``wake`` is not called again. The channel stays subscribed ``LINGER_S`` more."""
-        with self._lock:
-            channel = self._channels.get(watch.channel)
-            if channel is not None and channel.watchers.pop(watch.ident, None) is not None and not channel.watchers:
-                channel.idle_since = time.monotonic()
+        return self._watch(release_channel(table, key), wake)
 
     def subscribed(self, table: str, key: str) -> bool:
         """True once the server has confirmed our subscription to ``key``'s releases."""
@@ -637,55 +593,29 @@ class RedisReleaseFeed:
             channel = self._channels.get(release_channel(table, key))
             return channel is not None and channel.subscribed and channel.ready.is_set()
 
-    def close(self) -> None:
-        """Stop the listener thread (joined for up to 5 s); waiters then rely on polling alone."""
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(5)
+    # ---- the listener thread's I/O ----------------------------------------------------------------
+    def _new_channel(self) -> _Channel:
+        return _Channel()
 
-    # ---- the listener thread -----------------------------------------------------------------------
-    def _listen(self) -> None:
-        redis = self._store._redis
-        connection = None
-        backoff_s = 0.05
-        idle_since = time.monotonic()
-        try:
-            while not self._stop.is_set():
-                try:
-                    if connection is None:
-                        connection = self._store.new_connection(resp2=True)
-                        connection.connect()
-                        with self._lock:
-                            for channel in self._channels.values():  # a new connection has no subscriptions
-                                channel.ready.clear()
-                                channel.subscribed = False
-                                channel.outstanding = 0
-                        backoff_s = 0.05
-                    self._send_changes(connection)
-                    if connection.can_read(timeout=LISTENER_TICK_S):
-                        self._dispatch(connection.read_response())
-                        while connection.can_read(timeout=0):
-                            self._dispatch(connection.read_response())
-                except (redis.exceptions.RedisError, OSError):
-                    if connection is not None:
-                        connection.disconnect()
-                    connection = None
-                    with self._lock:
-                        for channel in self._channels.values():
-                            channel.ready.clear()
-                    self._stop.wait(backoff_s)  # the waiters poll meanwhile
-                    backoff_s = min(backoff_s * 2, 1.0)
-                    continue
-                with self._lock:
-                    if self._channels:
-                        idle_since = time.monotonic()
-                    elif time.monotonic() - idle_since > LISTENER_IDLE_EXIT_S:
-                        self._thread = None
-                        return
-        finally:
-            if connection is not None:
-                connection.disconnect()
+    def _connect(self) -> Any:
+        connection = self._store.new_connection(resp2=True)
+        connection.connect()
+        return connection
+
+    def _disconnect(self, connection: Any) -> None:
+        connection.disconnect()
+
+    def _forget_subscriptions(self) -> None:
+        for channel in self._channels.values():
+            channel.ready.clear()
+            channel.subscribed = False
+            channel.outstanding = 0
+
+    def _read(self, connection: Any) -> None:
+        if connection.can_read(timeout=LISTENER_TICK_S):
+            self._dispatch(connection.read_response())
+            while connection.can_read(timeout=0):
+                self._dispatch(connection.read_response())
 
     def _send_changes(self, connection: Any) -> None:
         """Subscribe channels that gained a watcher, unsubscribe those idle past the linger."""
@@ -727,9 +657,6 @@ class RedisReleaseFeed:
                 if channel.outstanding == 0 and channel.subscribed:
                     channel.ready.set()
                 return
-        if wakes:
-            self.delivered += 1
-        for wake in wakes:
-            wake()
+        self._wake_all(wakes)
 
 

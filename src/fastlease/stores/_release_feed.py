@@ -1,0 +1,154 @@
+"""What the stores' release feeds share (Redis pub/sub, PostgreSQL LISTEN/NOTIFY): the watch list, the
+listener thread's life (start on the first watch, reconnect with back-off, exit when idle) and its
+timings. Each store's feed adds only its own I/O: connect, send its (un)subscriptions, read and
+dispatch, disconnect. See ``stores/base.py`` (``ReleaseFeed``) for what a feed may and may not do.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any, Callable, Optional
+
+__all__ = ["LINGER_S", "LISTENER_IDLE_EXIT_S", "LISTENER_TICK_S", "ListenerFeed", "Watch", "WatchedChannel"]
+
+#: The listener looks at its watch list this often while nothing arrives; it bounds how long a new watch
+#: waits for its subscription (the engine then reads once more, so nothing released meanwhile is missed).
+LISTENER_TICK_S = 0.01
+#: A channel stays subscribed this long after its last watcher left: a worker that loops over one key
+#: (or table) then keeps its subscription instead of renewing it on every wait.
+LINGER_S = 2.0
+#: The listener thread exits after this long with no channel; the next watch starts another.
+LISTENER_IDLE_EXIT_S = 30.0
+
+
+class WatchedChannel:
+    """One channel's watchers (ident -> what the feed calls), and ``ready``: subscribed, and confirmed
+    by the server, on the current connection. Feeds add their own bookkeeping in subclasses."""
+
+    __slots__ = ("watchers", "ready", "idle_since")
+
+    def __init__(self) -> None:
+        self.watchers: dict[int, Any] = {}
+        self.ready = threading.Event()
+        self.idle_since = 0.0
+
+
+class Watch:
+    """A waiter's interest in one key's releases: ``ready`` once the subscription is confirmed;
+    ``was_ready`` if it already was when the watch began."""
+
+    __slots__ = ("channel", "ident", "ready", "was_ready")
+
+    def __init__(self, channel: Any, ident: int, ready: threading.Event, was_ready: bool) -> None:
+        self.channel = channel
+        self.ident = ident
+        self.ready = ready
+        self.was_ready = was_ready
+
+
+class ListenerFeed:
+    """A release feed's watch list and listener thread. Subclasses give ``_new_channel``, ``_connect``,
+    ``_disconnect``, ``_send_changes``, ``_read``, ``_forget_subscriptions`` and ``listener_errors``.
+    ``delivered`` counts the messages that woke a waiter."""
+
+    thread_name = "fastlease-feed"
+    #: The errors that end the listener's connection (it connects again after a back-off).
+    listener_errors: tuple[type[BaseException], ...] = (Exception,)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channels: dict[Any, Any] = {}
+        self._idents = itertools.count(1)
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self.delivered = 0
+
+    def _watch(self, name: Any, watcher: Any) -> Watch:
+        """Add ``watcher`` to channel ``name`` and start the listener if it is not running. Never waits."""
+        with self._lock:
+            channel = self._channels.get(name)
+            if channel is None:
+                channel = self._channels[name] = self._new_channel()
+            ident = next(self._idents)
+            channel.watchers[ident] = watcher
+            was_ready = channel.ready.is_set()
+            if not self._stop.is_set() and (self._thread is None or not self._thread.is_alive()):
+                self._thread = threading.Thread(target=self._listen, name=self.thread_name, daemon=True)
+                self._thread.start()
+        return Watch(name, ident, channel.ready, was_ready)
+
+    def unwatch(self, watch: Watch) -> None:
+        """End ``watch``: its ``wake`` is not called again. The channel stays subscribed ``LINGER_S`` more."""
+        with self._lock:
+            channel = self._channels.get(watch.channel)
+            if channel is not None and channel.watchers.pop(watch.ident, None) is not None and not channel.watchers:
+                channel.idle_since = time.monotonic()
+
+    def close(self) -> None:
+        """Stop the listener thread (joined for up to 5 s); waiters then rely on polling alone."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5)
+
+    def _wake_all(self, wakes: list[Callable[[], None]]) -> None:
+        """Call the wakes of one message (outside the lock: a wake only sets events)."""
+        if wakes:
+            self.delivered += 1
+        for wake in wakes:
+            wake()
+
+    # ---- the listener thread -----------------------------------------------------------------------
+    def _listen(self) -> None:
+        connection: Any = None
+        backoff_s = 0.05
+        idle_since = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                try:
+                    if connection is None:
+                        connection = self._connect()
+                        with self._lock:  # a new connection is subscribed to nothing yet
+                            self._forget_subscriptions()
+                        backoff_s = 0.05
+                    self._send_changes(connection)
+                    self._read(connection)
+                except self.listener_errors:
+                    if connection is not None:
+                        self._disconnect(connection)
+                    connection = None
+                    with self._lock:
+                        self._forget_subscriptions()
+                    self._stop.wait(backoff_s)  # the waiters poll meanwhile
+                    backoff_s = min(backoff_s * 2, 1.0)
+                    continue
+                with self._lock:
+                    if self._channels:
+                        idle_since = time.monotonic()
+                    elif time.monotonic() - idle_since > LISTENER_IDLE_EXIT_S:
+                        self._thread = None
+                        return
+        finally:
+            if connection is not None:
+                self._disconnect(connection)
+
+    def _new_channel(self) -> Any:
+        return WatchedChannel()
+
+    def _connect(self) -> Any:
+        raise NotImplementedError
+
+    def _disconnect(self, connection: Any) -> None:
+        raise NotImplementedError
+
+    def _send_changes(self, connection: Any) -> None:
+        raise NotImplementedError
+
+    def _read(self, connection: Any) -> None:
+        raise NotImplementedError
+
+    def _forget_subscriptions(self) -> None:
+        """Under the lock: the connection is new or gone, so no channel is subscribed on it."""
+        raise NotImplementedError
