@@ -86,6 +86,10 @@ def build_store(config: Any, credentials: Any) -> Any:
         from .stores.redis import RedisStore
 
         return RedisStore.from_renewal_config(config)
+    if kind == "redis-cluster":
+        from .stores.redis_cluster import RedisClusterStore
+
+        return RedisClusterStore.from_renewal_config(config)
     if kind == "postgres":
         from .stores.postgres import PostgresStore
 

@@ -147,10 +147,23 @@ class _Script:
         self.sha = hashlib.sha1(self.source).hexdigest().encode()
 
 
-_ALL_SCRIPTS = tuple(_Script(name, source) for name, source in SCRIPTS.items())
-_ACQUIRE, _TAKE_OVER, _RENEW, _MARK_WAITING, _RELEASE, _FINISH = _ALL_SCRIPTS
-#: How DEBUG lines name a script sent by EVALSHA.
-_SCRIPT_NAMES = {script.sha: script.name for script in _ALL_SCRIPTS}
+class ScriptSet:
+    """The six scripts as one store sends them. ``publish`` is the command that RELEASE and FINISH wake
+    waiters with: PUBLISH on one server, SPUBLISH (sharded pub/sub, Redis 7) on a cluster, where a
+    script may only publish on a channel of its own slot. Nothing else differs."""
+
+    __slots__ = ("acquire", "take_over", "renew", "mark_waiting", "release", "finish", "all")
+
+    def __init__(self, publish: str) -> None:
+        sources = {name: source.replace("redis.call('PUBLISH',", f"redis.call('{publish}',")
+                   for name, source in SCRIPTS.items()}
+        self.all = tuple(_Script(name, source) for name, source in sources.items())
+        self.acquire, self.take_over, self.renew, self.mark_waiting, self.release, self.finish = self.all
+
+
+NODE_SCRIPTS = ScriptSet("PUBLISH")
+#: How DEBUG lines name a script sent by EVALSHA (of either set).
+_SCRIPT_NAMES = {script.sha: script.name for script in NODE_SCRIPTS.all + ScriptSet("SPUBLISH").all}
 
 #: Bound for socket reads and connects when the client's settings leave them unbounded; a request's
 #: own timeout (``timeout_s``) is applied to waiting for its reply.
@@ -159,6 +172,15 @@ MAX_SOCKET_TIMEOUT_S = 5.0
 #: Error replies by their first word. Transient: the command did not run, and waiting may fix it.
 #: Everything else that is not listed (NOPERM, NOAUTH, ERR ...) is refused for good.
 _TRANSIENT_REPLIES = frozenset({"BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "OOM", "CLUSTERDOWN"})
+
+
+#: Error replies that only a server in cluster mode gives.
+_CLUSTER_REPLIES = frozenset({"MOVED", "ASK", "CROSSSLOT"})
+
+
+def _cluster_node_message(where: str, reply: str) -> str:
+    return (f"the Redis server at {where} is a Redis Cluster node ({reply}): connect with "
+            "RedisClient('redis+cluster://host:port'), or pass a redis.cluster.RedisCluster")
 
 
 #: Connection settings the store sets itself on every connection (see ``RedisStore.new_connection``),
@@ -186,6 +208,16 @@ def record_key(table: str, key: str) -> bytes:
 def release_channel(table: str, key: str) -> bytes:
     """The pub/sub channel that releases of ``key`` in lock table ``table`` are published on."""
     return f"{PREFIX}:{table}:released:".encode() + key.encode("utf-8")
+
+
+class NodeLayout:
+    """Where a single-node store keeps a key's lease, fencing counter, idempotency record and release
+    channel: the functions above. The cluster store has its own (``redis_cluster.ClusterLayout``)."""
+
+    lease = staticmethod(lease_key)
+    fence = staticmethod(fence_key)
+    record = staticmethod(record_key)
+    channel = staticmethod(release_channel)
 
 
 def _pack(command: tuple[Any, ...]) -> bytes:
@@ -245,6 +277,7 @@ def load_redis() -> Any:
     try:
         import redis
         import redis.backoff
+        import redis.cluster
         import redis.retry
     except ImportError as error:
         raise ImportError("the Redis store needs redis-py: pip install 'fastlease[redis]'") from error
@@ -255,22 +288,26 @@ class RedisStore:
     """The LockStore adapter for one Redis server: one script or one HGETALL per protocol step."""
 
     blocking = True
+    layout: Any = NodeLayout
+    scripts = NODE_SCRIPTS
 
     def __init__(self, connection_pool: Any) -> None:
         self._redis = load_redis()
-        self.pool = connection_pool
+        # The pool's settings only: requests never check connections out of it (see new_connection).
+        self.connection_class = connection_pool.connection_class
+        self.connection_kwargs = connection_pool.connection_kwargs
         self._local = threading.local()  # this thread's connection
         self._connections: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every one made, for close()
         self._connections_lock = threading.Lock()
         self._closed = False
-        self.release_feed = RedisReleaseFeed(self)
+        self.release_feed: Optional[ListenerFeed] = RedisReleaseFeed(self)
 
     def __repr__(self) -> str:
         return f"RedisStore({self.describe()})"
 
     def describe(self) -> str:
         """Where the server is, for messages and the CLI (never credentials)."""
-        kwargs = self.pool.connection_kwargs
+        kwargs = self.connection_kwargs
         if "path" in kwargs:
             return f"unix://{kwargs['path']}/{kwargs.get('db', 0)}"
         return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
@@ -283,8 +320,11 @@ class RedisStore:
         "maybe applied" into a wrong answer; the engine reconciles instead), and socket timeouts that
         are never unbounded, so that no request can hang.
         """
+        return self.connection_with(dict(self.connection_kwargs), resp2)
+
+    def connection_with(self, kwargs: dict[str, Any], resp2: bool) -> Any:
+        """A connection of our class with these settings and ours (see new_connection)."""
         redis = self._redis
-        kwargs = dict(self.pool.connection_kwargs)
         kwargs["retry"] = redis.retry.Retry(redis.backoff.NoBackoff(), 0)
         kwargs["decode_responses"] = False  # replies as bytes: we decode them, always as UTF-8
         kwargs.pop("retry_on_error", None)
@@ -299,7 +339,7 @@ class RedisStore:
             kwargs["protocol"] = 2
             for name in [name for name in kwargs if name.startswith("maint_notifications")]:
                 del kwargs[name]
-        connection = self.pool.connection_class(**kwargs)
+        connection = self.connection_class(**kwargs)
         with self._connections_lock:
             self._connections.add(connection)
         return connection
@@ -310,7 +350,23 @@ class RedisStore:
             if self._closed:
                 raise StoreError("the Redis client is closed")
             connection = self._local.connection = self.new_connection()
+            connection.register_connect_callback(self._refuse_cluster_node)
         return connection
+
+    def _refuse_cluster_node(self, connection: Any) -> None:
+        """Run by redis-py after each (re)connect: refuse a server in cluster mode. Its keys are laid out
+        otherwise (``fastlease.stores.redis_cluster``), and a client of each layout could hold one key at
+        once. One ``INFO cluster`` per connection; a server that refuses INFO (an ACL without
+        ``@dangerous``) is taken at its word, and a cluster node would still refuse nearly every request
+        with CROSSSLOT or MOVED, which is reported the same way."""
+        connection.send_command(b"INFO", b"cluster", check_health=False)
+        try:
+            reply = connection.read_response()
+        except self._redis.exceptions.ResponseError:
+            return
+        if isinstance(reply, bytes) and b"cluster_enabled:1" in reply:
+            connection.disconnect()
+            raise StoreRequestRejected(_cluster_node_message(self.describe(), "INFO says cluster_enabled:1"))
 
     def call(self, key: str, timeout_s: float, *command: Any) -> Any:
         """Send one command and read its reply within ``timeout_s``. Errors become StoreError (with
@@ -329,29 +385,40 @@ class RedisStore:
         return reply
 
     def _call(self, key: str, timeout_s: float, command: tuple[Any, ...]) -> Any:
+        return self.exchange(self._connection(), key, timeout_s, (_pack(command),))
+
+    def exchange(self, connection: Any, key: str, timeout_s: float, packed: tuple[bytes, ...]) -> Any:
+        """Send the packed commands on ``connection`` and return the last one's reply, all within
+        ``timeout_s`` (the cluster store sends ASKING before a command; only the command's reply matters)."""
         redis = self._redis
-        connection = self._connection()
         sent = False
+        unread = len(packed)  # replies still due: a connection left with one would hand it to the next request
         # Taken by the next (re)connect only: its handshake (redis-py sends CLIENT SETINFO and, with
         # credentials, AUTH) is then bounded by this request's timeout too.
         connection.socket_connect_timeout = connection.socket_timeout = min(timeout_s, MAX_SOCKET_TIMEOUT_S)
         try:
             connection.connect()  # no-op when connected; failing here, nothing was sent
             sent = True
-            connection.send_packed_command([_pack(command)], check_health=False)
-            if not connection.can_read(timeout=timeout_s):
-                connection.disconnect()  # its reply may still come: never read it as another's
-                raise StoreError(
-                    f"Redis request on {key!r} timed out after {timeout_s:.3g}s (it may have run)",
-                    key=key, maybe_committed=True,
-                )
-            return connection.read_response()
-        except redis.exceptions.NoScriptError:
-            raise  # not run: run_script loads the script and sends it again
+            connection.send_packed_command(packed, check_health=False)
+            deadline = time.monotonic() + timeout_s
+            for _ in packed:
+                unread -= 1
+                if not connection.can_read(timeout=max(0.0, deadline - time.monotonic())):
+                    connection.disconnect()  # its reply may still come: never read it as another's
+                    raise StoreError(
+                        f"Redis request on {key!r} timed out after {timeout_s:.3g}s (it may have run)",
+                        key=key, maybe_committed=True,
+                    )
+                reply = connection.read_response()
+            return reply
         except redis.exceptions.AuthenticationError as error:
             raise StoreRequestRejected(f"Redis refused the credentials ({self.describe()}): {error}",
                                        key=key) from error
         except redis.exceptions.ResponseError as error:
+            if unread:
+                connection.disconnect()
+            if isinstance(error, redis.exceptions.NoScriptError):
+                raise  # not run: run_script loads the script and sends it again
             raise self._classify_reply(error, key) from error
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as error:
             connection.disconnect()
@@ -366,6 +433,8 @@ class RedisStore:
         first = text.split(" ", 1)[0]
         if first == "WRONGTYPE":
             return MalformedLockRow(f"Redis key of {key!r} holds something that is not a lease: {text}", key=key)
+        if first in _CLUSTER_REPLIES:
+            return StoreRequestRejected(_cluster_node_message(self.describe(), text), key=key)
         if first in _TRANSIENT_REPLIES or isinstance(
             error, (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)
         ):
@@ -375,16 +444,23 @@ class RedisStore:
     def run_script(
         self, script: _Script, key: str, timeout_s: float, keys: tuple[bytes, ...], args: tuple[Any, ...]
     ) -> object:
-        """EVALSHA; on NOSCRIPT (the script did not run) SCRIPT LOAD and EVALSHA once more."""
+        """EVALSHA; on NOSCRIPT (the script did not run) SCRIPT LOAD and EVALSHA once more. A second
+        NOSCRIPT (a SCRIPT FLUSH in between, or on a cluster, the slot moved to a node without it) is a
+        transient StoreError: nothing ran, and the engine tries again."""
         command = (b"EVALSHA", script.sha, len(keys), *keys, *args)
+        no_script = self._redis.exceptions.NoScriptError
         try:
             return self.call(key, timeout_s, *command)
-        except self._redis.exceptions.NoScriptError:
-            loaded = _text(self.call(key, timeout_s, b"SCRIPT", b"LOAD", script.source))
-            if loaded != script.sha.decode():
-                raise StoreRequestRejected(f"Redis loaded script {script.name} as {loaded!r}, not its SHA1",
-                                           key=key) from None
+        except no_script:
+            pass
+        loaded = _text(self.call(key, timeout_s, b"SCRIPT", b"LOAD", script.source))
+        if loaded != script.sha.decode():
+            raise StoreRequestRejected(f"Redis loaded script {script.name} as {loaded!r}, not its SHA1", key=key)
+        try:
             return self.call(key, timeout_s, *command)
+        except no_script:
+            raise StoreError(f"Redis lost script {script.name} right after loading it (SCRIPT FLUSH, or a slot "
+                             f"that moved); it did not run on {key!r}", key=key) from None
 
     # ---- the LockStore operations --------------------------------------------------------------
     def put_if_absent(
@@ -392,8 +468,8 @@ class RedisStore:
     ) -> int:
         """The ACQUIRE script: create the lease (PX ``lease_ms``) if the key is absent. The new fencing
         token from the key's counter, else False."""
-        keys = (lease_key(table, key), fence_key(table, key))
-        return _token(self.run_script(_ACQUIRE, key, timeout_s, keys, (owner, version, lease_ms)), key)
+        keys = (self.layout.lease(table, key), self.layout.fence(table, key))
+        return _token(self.run_script(self.scripts.acquire, key, timeout_s, keys, (owner, version, lease_ms)), key)
 
     def replace_if(
         self,
@@ -409,30 +485,32 @@ class RedisStore:
     ) -> int:
         """The TAKE_OVER script: replace the whole lease only if it holds exactly (expected_owner,
         expected_version). The new fencing token, else False."""
-        keys = (lease_key(table, key), fence_key(table, key))
+        keys = (self.layout.lease(table, key), self.layout.fence(table, key))
         args = (expected_owner, expected_version, owner, version, lease_ms)
-        return _token(self.run_script(_TAKE_OVER, key, timeout_s, keys, args), key)
+        return _token(self.run_script(self.scripts.take_over, key, timeout_s, keys, args), key)
 
     def update_version_if(
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
         """The RENEW script: a new version and a fresh PX, only on exactly (owner, version); True if it ran."""
-        return self.run_script(_RENEW, key, timeout_s, (lease_key(table, key),), (owner, version, new_version)) == 1
+        lease = (self.layout.lease(table, key),)
+        return self.run_script(self.scripts.renew, key, timeout_s, lease, (owner, version, new_version)) == 1
 
     def mark_waiting(
         self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
         """The MARK_WAITING script: set the hint once per hold, only on exactly (owner, version); True if it
         did. The PX is left alone."""
-        return self.run_script(_MARK_WAITING, key, timeout_s, (lease_key(table, key),), (owner, version)) == 1
+        lease = (self.layout.lease(table, key),)
+        return self.run_script(self.scripts.mark_waiting, key, timeout_s, lease, (owner, version)) == 1
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
     ) -> Optional[LockRow]:
         """The RELEASE script: delete the lease only if ``owner`` holds it, and publish the release. A row
         that carries only the old ``waiting`` hint (all the contract requires), else None."""
-        reply = self.run_script(_RELEASE, key, timeout_s, (lease_key(table, key),),
-                                (owner, release_channel(table, key)))
+        reply = self.run_script(self.scripts.release, key, timeout_s, (self.layout.lease(table, key),),
+                                (owner, self.layout.channel(table, key)))
         if not reply:
             return None
         return LockRow(owner, "", 0, 0, reply == 2)  # the store contract: only the hint is read
@@ -440,7 +518,7 @@ class RedisStore:
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         """HGETALL of the lease: the row, or None if the key is absent. Fields are returned as stored for
         ``check_row`` to judge; an owner or version that is not UTF-8 raises MalformedLockRow."""
-        return _row(self.call(key, timeout_s, b"HGETALL", lease_key(table, key)), key)
+        return _row(self.call(key, timeout_s, b"HGETALL", self.layout.lease(table, key)), key)
 
     # ---- idempotency records ------------------------------------------------------------------
     max_result_bytes = 100_000_000  # Redis takes values up to 512 MB; this keeps a reply reasonable
@@ -448,7 +526,7 @@ class RedisStore:
     def read_record(self, table: str, key: str, timeout_s: float) -> Optional[Record]:
         """HGETALL of the record of ``key`` in record table ``table``: the Record, or None.
         MalformedLockRow if a field is missing or mistyped."""
-        fields = _fields(self.call(key, timeout_s, b"HGETALL", record_key(table, key)))
+        fields = _fields(self.call(key, timeout_s, b"HGETALL", self.layout.record(table, key)))
         if not fields:
             return None
         expires = _integer(fields.get("expires_at_ms"))
@@ -469,26 +547,32 @@ class RedisStore:
         px = 0
         if record.expires_at_ms:
             px = max(1, record.expires_at_ms - now_ms)  # native expiry: the time left, not a clock reading
-        keys = (lease_key(lock_table, key), record_key(table, key), fence_key(lock_table, key))
+        layout = self.layout
+        keys = (layout.lease(lock_table, key), layout.record(table, key), layout.fence(lock_table, key))
         args = (record.owner, record.state, record.fingerprint, record.result, record.expires_at_ms, px,
-                release_channel(lock_table, key))
-        return self.run_script(_FINISH, key, timeout_s, keys, args) == 1
+                layout.channel(lock_table, key))
+        return self.run_script(self.scripts.finish, key, timeout_s, keys, args) == 1
 
     # ---- the renewal process (fastlease._renewal_link) -------------------------------------------------
     def renewal_config(self) -> Any:
         """The pool's connection settings for another process (address or unix socket, db, username
         and password, TLS and its options, timeouts), or why they cannot be given there: a setting
         that is a live object (a credential provider, a connect callback, an SSL context, ...)."""
+        portable = self.portable_settings()
+        return portable if isinstance(portable, str) else ("redis", *portable)
+
+    def portable_settings(self) -> Any:
+        """(connection kind, plain settings) that another process can connect with, or why not (a str)."""
         import pickle
 
-        kind = self.pool.connection_class
+        kind = self.connection_class
         redis = self._redis
         known = {redis.connection.Connection: "tcp", redis.connection.SSLConnection: "ssl",
                  redis.connection.UnixDomainSocketConnection: "unix"}
         if kind not in known:
             return f"the Redis connection class {kind.__name__} cannot be reproduced in another process"
         settings = {}
-        for name, value in self.pool.connection_kwargs.items():
+        for name, value in self.connection_kwargs.items():
             if name in _RENEWAL_RESET_SETTINGS or name.startswith(("maint_notifications", "orig_")):
                 continue  # replaced by new_connection(), or redis-py's own bookkeeping
             if value is None or isinstance(value, (str, bytes, int, float, bool)):
@@ -499,15 +583,13 @@ class RedisStore:
             except Exception:  # noqa: BLE001 - any failure means: not reproducible
                 return f"the Redis setting {name}={type(value).__name__} cannot be given to another process"
             return f"the Redis setting {name}={type(value).__name__} is an object, not a plain value"
-        return ("redis", known[kind], settings)
+        return known[kind], settings
 
     @classmethod
     def from_renewal_config(cls, config: Any) -> RedisStore:
         """A store with the connection settings ``renewal_config()`` gave (in the renewal process)."""
         redis = load_redis()
-        kind = {"tcp": redis.connection.Connection, "ssl": redis.connection.SSLConnection,
-                "unix": redis.connection.UnixDomainSocketConnection}[config[1]]
-        return cls(redis.ConnectionPool(connection_class=kind, **config[2]))
+        return cls(redis.ConnectionPool(connection_class=connection_kind(config[1]), **config[2]))
 
     def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
         """Held leases of ``table`` (or only ``key``'s), as stored. SCAN, then one HGETALL each."""
@@ -538,11 +620,19 @@ class RedisStore:
     def close(self) -> None:
         """Close every connection this store made (in any thread) and stop the release feed."""
         self._closed = True
-        self.release_feed.close()
+        if self.release_feed is not None:
+            self.release_feed.close()
         with self._connections_lock:
             connections = list(self._connections)
         for connection in connections:
             connection.disconnect()
+
+
+def connection_kind(name: str) -> Any:
+    """The redis-py connection class that ``portable_settings`` named."""
+    connection = load_redis().connection
+    return {"tcp": connection.Connection, "ssl": connection.SSLConnection,
+            "unix": connection.UnixDomainSocketConnection}[name]
 
 
 def _token(reply: object, key: str) -> int:

@@ -1,0 +1,299 @@
+"""Redis Cluster store: the Redis store's scripts and rows on a sharded Redis, each request sent to the
+node that serves its key's slot.
+
+**Layout.** A script may only touch keys of one slot, so every key of lock key ``K`` carries the same
+hash tag, ``{E}``, where ``E`` is ``K`` with ``%`` written ``%25`` and ``}`` written ``%7D`` (a ``}``
+would end the tag early, and keys that share a prefix up to it would all land in one slot). For lock
+table ``T``:
+
+* ``fastlease:{E}:T:lease``, the lease hash, as on one server;
+* ``fastlease:{E}:T:fence``, the fencing counter;
+* ``fastlease:{E}:T:record``, the idempotency record (``T`` is then the record table): the tag holds
+  only the key, not the table, so that an idempotent call's lease and record share a slot and one
+  script completes it;
+* ``fastlease:{E}:T:released``, the shard channel (SPUBLISH) that release wakes waiters on.
+
+The slot of ``K`` is CRC16(``E``) mod 16384. This layout is the cluster's only: single-node keys stay
+as they were (``fastlease.stores.redis``), and the single-node store refuses a server in cluster mode,
+so two clients can never hold one key under two names.
+
+**Routing.** The store keeps the cluster's slot map (``CLUSTER SLOTS``, fetched on the first request
+and again after a node fails) and one connection per node in each thread. A ``MOVED`` reply updates
+the map and sends the request to the new node; ``ASK`` (a slot being migrated) sends it once to the
+importing node, after ``ASKING``. Both mean the command did not run, so following them is safe; at most
+:data:`MAX_REDIRECTIONS` are followed within the request's timeout. Every other failure is the single
+node's: an error that may have run is ``maybe_committed`` and reconciled by the engine, and redis-py's
+own retries are off.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+import threading
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from ..exceptions import StoreError
+from .base import check_table
+from .redis import RedisStore, ScriptSet, _pack, _text, connection_kind, load_redis
+
+__all__ = ["RedisClusterStore", "ClusterLayout", "key_slot", "escape_key", "MAX_REDIRECTIONS"]
+
+SLOTS = 16384
+#: MOVED/ASK replies followed in one request before it fails as transient (a resharding in progress
+#: moves a slot once; more than this means the map and the cluster disagree).
+MAX_REDIRECTIONS = 5
+
+Address = tuple[str, int]
+
+_CLUSTER_SLOTS = _pack((b"CLUSTER", b"SLOTS"))
+_ASKING = _pack((b"ASKING",))
+_ESCAPED = re.compile(rb"%(25|7D)")
+
+
+def escape_key(key: str) -> bytes:
+    """``key`` as it appears in the hash tag: UTF-8, ``%`` as ``%25`` and ``}`` as ``%7D``."""
+    return key.encode("utf-8").replace(b"%", b"%25").replace(b"}", b"%7D")
+
+
+def unescape_key(escaped: bytes) -> bytes:
+    return _ESCAPED.sub(lambda match: b"%" if match.group(1) == b"25" else b"}", escaped)
+
+
+def key_slot(key: str) -> int:
+    """The cluster slot of every Redis key of lock key ``key`` (CRC16-XMODEM of its tag, mod 16384)."""
+    return binascii.crc_hqx(escape_key(key), 0) % SLOTS
+
+
+class ClusterLayout:
+    """The cluster's key names (module docstring): one hash tag, the whole key, for all of them."""
+
+    @staticmethod
+    def lease(table: str, key: str) -> bytes:
+        return b"fastlease:{" + escape_key(key) + f"}}:{table}:lease".encode()
+
+    @staticmethod
+    def fence(table: str, key: str) -> bytes:
+        return b"fastlease:{" + escape_key(key) + f"}}:{table}:fence".encode()
+
+    @staticmethod
+    def record(table: str, key: str) -> bytes:
+        return b"fastlease:{" + escape_key(key) + f"}}:{table}:record".encode()
+
+    @staticmethod
+    def channel(table: str, key: str) -> bytes:
+        return b"fastlease:{" + escape_key(key) + f"}}:{table}:released".encode()
+
+
+CLUSTER_SCRIPTS = ScriptSet("SPUBLISH")
+
+
+class _Redirected(StoreError):
+    """A MOVED or ASK reply: the command did not run; ``address`` serves the slot (MOVED) or is
+    importing it (ASK). Caught by the routing loop; if it ever escaped, it is a transient error."""
+
+    def __init__(self, message: str, key: str, ask: bool, slot: int, address: Address) -> None:
+        super().__init__(message, key=key)
+        self.ask, self.slot, self.address = ask, slot, address
+
+
+class RedisClusterStore(RedisStore):
+    """The LockStore adapter for a Redis Cluster: the Redis store's requests, each routed to its slot's node."""
+
+    layout: Any = ClusterLayout
+    scripts = CLUSTER_SCRIPTS
+
+    def __init__(self, startup_nodes: Sequence[Address], connection_class: Any, connection_kwargs: dict[str, Any],
+                 address_remap: Optional[Callable[[Address], Address]] = None) -> None:
+        """``startup_nodes``: (host, port) of nodes to ask for the slot map; ``connection_kwargs``: the
+        connection settings of every node (credentials, TLS, timeouts), without host and port;
+        ``address_remap``: redis-py's hook for nodes that announce addresses the client cannot use."""
+        if not startup_nodes:
+            raise ValueError("RedisClusterStore needs at least one startup node (host, port)")
+        pool = _Settings(connection_class, {name: value for name, value in connection_kwargs.items()
+                                            if name not in ("host", "port")})
+        self.startup_nodes = [(str(host), int(port)) for host, port in startup_nodes]
+        self.address_remap = address_remap
+        self._slots: Optional[list[Optional[Address]]] = None  # None: fetch before the next request
+        self._last_nodes: list[Address] = []  # the primaries of the last map: asked first for the next
+        self._map_lock = threading.Lock()
+        super().__init__(pool)
+        self.release_feed = None  # the sharded pub/sub feed: RedisClusterReleaseFeed
+
+    def describe(self) -> str:
+        """The startup nodes, for messages and the CLI (never credentials)."""
+        return "cluster " + ",".join(f"{host}:{port}" for host, port in self.startup_nodes)
+
+    # ---- transport ---------------------------------------------------------------------------------
+    def new_connection(self, resp2: bool = False, address: Optional[Address] = None) -> Any:
+        """A connection to the node at ``address`` (default: the first startup node) with our settings."""
+        host, port = address or self.startup_nodes[0]
+        return self.connection_with({**self.connection_kwargs, "host": host, "port": port}, resp2)
+
+    def node_connection(self, address: Address) -> Any:
+        """This thread's connection to the node at ``address``."""
+        connections = getattr(self._local, "nodes", None)
+        if connections is None:
+            connections = self._local.nodes = {}
+        connection = connections.get(address)
+        if connection is None:
+            if self._closed:
+                raise StoreError("the Redis client is closed")
+            connection = connections[address] = self.new_connection(address=address)
+        return connection
+
+    def _call(self, key: str, timeout_s: float, command: tuple[Any, ...]) -> Any:
+        deadline = time.monotonic() + timeout_s
+        slot = key_slot(key)
+        packed = _pack(command)
+        ask: Optional[Address] = None
+        for _ in range(MAX_REDIRECTIONS + 1):
+            address = ask or self.node_for(slot, key, deadline)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                return self.exchange(self.node_connection(address), key, remaining,
+                                     (_ASKING, packed) if ask else (packed,))
+            except _Redirected as redirect:
+                ask = redirect.address if redirect.ask else None
+                if not redirect.ask:
+                    self._moved(redirect.slot, redirect.address)
+            except StoreError:
+                # The node failed, timed out, or says the cluster is down: its slots may have moved.
+                self._slots = None
+                raise
+        raise StoreError(f"Redis Cluster request on {key!r} (slot {slot}) was redirected more than "
+                         f"{MAX_REDIRECTIONS} times or ran out of time while redirected; it did not run", key=key)
+
+    def _classify_reply(self, error: Exception, key: str) -> Exception:
+        redis = self._redis
+        if isinstance(error, (redis.exceptions.MovedError, redis.exceptions.AskError)):
+            ask = not isinstance(error, redis.exceptions.MovedError)
+            host = error.host or self.startup_nodes[0][0]  # an empty host: the node we asked
+            address = self._remap((str(host), int(error.port)))
+            return _Redirected(f"{'ASK' if ask else 'MOVED'} {error.slot_id} {host}:{error.port}", key, ask,
+                               int(error.slot_id), address)
+        return super()._classify_reply(error, key)
+
+    # ---- the slot map ------------------------------------------------------------------------------
+    def node_for(self, slot: int, key: str, deadline: float) -> Address:
+        """The node that serves ``slot``, from the map (fetched first if it is missing)."""
+        slots = self._slots
+        if slots is None:
+            slots = self._refresh(key, deadline)
+        address = slots[slot]
+        if address is None:
+            self._slots = None
+            raise StoreError(f"no node of the Redis Cluster ({self.describe()}) serves slot {slot} of {key!r} now "
+                             "(a node is down, or the slot is unassigned)", key=key)
+        return address
+
+    def nodes(self, deadline: Optional[float] = None) -> list[Address]:
+        """The primaries that serve slots, as the map has them (fetched if missing)."""
+        slots = self._slots
+        if slots is None:
+            slots = self._refresh("", deadline if deadline is not None else time.monotonic() + 5.0)
+        return sorted({address for address in slots if address is not None})
+
+    def _moved(self, slot: int, address: Address) -> None:
+        slots = self._slots
+        if slots is not None:
+            slots[slot] = address  # one slot moved (a resharding moves them one by one)
+
+    def _remap(self, address: Address) -> Address:
+        return self.address_remap(address) if self.address_remap is not None else address
+
+    def _refresh(self, key: str, deadline: float) -> list[Optional[Address]]:
+        """Fetch the slot map from the first node that answers: the nodes of the last map, then the
+        startup nodes. One thread fetches; the others wait for it, within their own deadline."""
+        if not self._map_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise StoreError(f"timed out waiting for the Redis Cluster slot map ({self.describe()})", key=key)
+        try:
+            if self._slots is not None:  # another thread fetched it while we waited
+                return self._slots
+            candidates = list(dict.fromkeys([*self._last_nodes, *self.startup_nodes]))
+            failures = []
+            for address in candidates:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    reply = self.exchange(self.node_connection(address), key, remaining, (_CLUSTER_SLOTS,))
+                except StoreError as error:
+                    failures.append(f"{address[0]}:{address[1]}: {error}")
+                    continue
+                slots = self._parse_slots(reply, address, key)
+                self._last_nodes = sorted({node for node in slots if node is not None})
+                self._slots = slots
+                return slots
+            raise StoreError(f"no node of the Redis Cluster answered CLUSTER SLOTS ({self.describe()}): "
+                             + ("; ".join(failures) or "out of time"), key=key)
+        finally:
+            self._map_lock.release()
+
+    def _parse_slots(self, reply: Any, asked: Address, key: str) -> list[Optional[Address]]:
+        slots: list[Optional[Address]] = [None] * SLOTS
+        try:
+            for entry in reply:
+                start, end, primary = int(entry[0]), int(entry[1]), entry[2]
+                host = _text(primary[0]) if primary[0] is not None else ""
+                # An empty or unknown endpoint means: the address we asked, with this port.
+                address = self._remap((host if host not in ("", "?") else asked[0], int(primary[1])))
+                slots[start:end + 1] = [address] * (end - start + 1)
+        except (TypeError, ValueError, IndexError) as error:
+            raise StoreError(f"Redis Cluster node {asked[0]}:{asked[1]} gave a CLUSTER SLOTS reply that is not "
+                             f"a slot map: {reply!r:.200}", key=key) from error
+        return slots
+
+    # ---- the renewal process ----------------------------------------------------------------------
+    def renewal_config(self) -> Any:
+        """As the single-node store's, with the nodes to start from."""
+        if self.address_remap is not None:
+            return "a Redis Cluster address_remap is a function, which cannot be given to another process"
+        portable = self.portable_settings()
+        if isinstance(portable, str):
+            return portable
+        slots = self._slots
+        nodes = sorted({a for a in slots if a is not None}) if slots is not None else []
+        return ("redis-cluster", *portable, list(dict.fromkeys([*nodes, *self.startup_nodes])))
+
+    @classmethod
+    def from_renewal_config(cls, config: Any) -> RedisClusterStore:
+        """A cluster store with the settings and nodes ``renewal_config()`` gave (in the renewal process)."""
+        load_redis()
+        return cls(config[3], connection_kind(config[1]), config[2])
+
+    def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
+        """Held leases of ``table`` (or only ``key``'s): SCAN on every primary, then one HGETALL each."""
+        check_table(table)  # the engine's rule: no ':' or glob character can reach the SCAN pattern
+        if key is not None:
+            return super().inspect(table, key)
+        timeout_s = 5.0
+        suffix = f"}}:{table}:lease".encode()
+        names = set()
+        for address in self.nodes():
+            connection = self.node_connection(address)
+            cursor: Any = b"0"
+            while True:  # SCAN ends when the cursor comes back to 0
+                cursor, found = self.exchange(connection, table, timeout_s, (
+                    _pack((b"SCAN", cursor, b"MATCH", b"fastlease:{*" + suffix, b"COUNT", 1000)),))
+                for name in found:
+                    tag, _, rest = name[len(b"fastlease:{"):].partition(b"}")
+                    if b"}" + rest == suffix:
+                        names.add(unescape_key(tag).decode("utf-8", "backslashreplace"))
+                if _text(cursor) in ("0", 0):
+                    break
+        rows = []
+        for name in sorted(names):
+            rows.extend(super().inspect(table, name))
+        return rows
+
+
+class _Settings:
+    """What RedisStore reads of a connection pool, for a cluster that has one pool per node."""
+
+    def __init__(self, connection_class: Any, connection_kwargs: dict[str, Any]) -> None:
+        self.connection_class = connection_class
+        self.connection_kwargs = connection_kwargs
