@@ -119,7 +119,9 @@ class RedisClusterStore(RedisStore):
         self._last_nodes: list[Address] = []  # the primaries of the last map: asked first for the next
         self._map_lock = threading.Lock()
         super().__init__(pool)
-        self.release_feed = None  # the sharded pub/sub feed: RedisClusterReleaseFeed
+        from .redis_cluster_feed import RedisClusterReleaseFeed
+
+        self.release_feed = RedisClusterReleaseFeed(self)
 
     def describe(self) -> str:
         """The startup nodes, for messages and the CLI (never credentials)."""
@@ -162,7 +164,7 @@ class RedisClusterStore(RedisStore):
                     self._moved(redirect.slot, redirect.address)
             except StoreError:
                 # The node failed, timed out, or says the cluster is down: its slots may have moved.
-                self._slots = None
+                self.forget_slot_map()
                 raise
         raise StoreError(f"Redis Cluster request on {key!r} (slot {slot}) was redirected more than "
                          f"{MAX_REDIRECTIONS} times or ran out of time while redirected; it did not run", key=key)
@@ -196,6 +198,10 @@ class RedisClusterStore(RedisStore):
         if slots is None:
             slots = self._refresh("", deadline if deadline is not None else time.monotonic() + 5.0)
         return sorted({address for address in slots if address is not None})
+
+    def forget_slot_map(self) -> None:
+        """Fetch the slot map again before the next request (a node failed, or a slot moved)."""
+        self._slots = None
 
     def _moved(self, slot: int, address: Address) -> None:
         slots = self._slots
