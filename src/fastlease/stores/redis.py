@@ -148,22 +148,24 @@ class _Script:
 
 
 class ScriptSet:
-    """The six scripts as one store sends them. ``publish`` is the command that RELEASE and FINISH wake
-    waiters with: PUBLISH on one server, SPUBLISH (sharded pub/sub, Redis 7) on a cluster, where a
-    script may only publish on a channel of its own slot. Nothing else differs."""
+    """The six scripts as one store sends them. ``publish`` replaces the call that RELEASE and FINISH
+    wake waiters with (``redis.call('PUBLISH',``); the cluster store's publishes on a shard channel of the
+    script's own slot. Nothing else differs."""
 
     __slots__ = ("acquire", "take_over", "renew", "mark_waiting", "release", "finish", "all")
 
-    def __init__(self, publish: str) -> None:
-        sources = {name: source.replace("redis.call('PUBLISH',", f"redis.call('{publish}',")
-                   for name, source in SCRIPTS.items()}
+    def __init__(self, publish: str = "redis.call('PUBLISH',") -> None:
+        sources = {name: source.replace("redis.call('PUBLISH',", publish) for name, source in SCRIPTS.items()}
         self.all = tuple(_Script(name, source) for name, source in sources.items())
         self.acquire, self.take_over, self.renew, self.mark_waiting, self.release, self.finish = self.all
 
 
-NODE_SCRIPTS = ScriptSet("PUBLISH")
+NODE_SCRIPTS = ScriptSet()
+#: On a cluster: SPUBLISH (sharded pub/sub), under pcall, so that a server without it (before Redis 7)
+#: still releases, and its waiters poll. The wake-up is the last command, so nothing is left half done.
+CLUSTER_SCRIPTS = ScriptSet("redis.pcall('SPUBLISH',")
 #: How DEBUG lines name a script sent by EVALSHA (of either set).
-_SCRIPT_NAMES = {script.sha: script.name for script in NODE_SCRIPTS.all + ScriptSet("SPUBLISH").all}
+_SCRIPT_NAMES = {script.sha: script.name for script in NODE_SCRIPTS.all + CLUSTER_SCRIPTS.all}
 
 #: Bound for socket reads and connects when the client's settings leave them unbounded; a request's
 #: own timeout (``timeout_s``) is applied to waiting for its reply.

@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..exceptions import StoreError
 from .base import check_table
-from .redis import RedisStore, ScriptSet, _pack, _text, connection_kind, load_redis
+from .redis import CLUSTER_SCRIPTS, RedisStore, _pack, _text, connection_kind, load_redis
 
 __all__ = ["RedisClusterStore", "ClusterLayout", "key_slot", "escape_key", "MAX_REDIRECTIONS"]
 
@@ -84,9 +84,6 @@ class ClusterLayout:
     @staticmethod
     def channel(table: str, key: str) -> bytes:
         return b"fastlease:{" + escape_key(key) + f"}}:{table}:released".encode()
-
-
-CLUSTER_SCRIPTS = ScriptSet("SPUBLISH")
 
 
 class _Redirected(StoreError):
