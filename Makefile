@@ -69,18 +69,23 @@ test-all-pythons: $(INSTALLED)
 		echo "$$venv/bin/python -m pytest -m all_pythons"; $$venv/bin/python -m pytest -m all_pythons || exit 1; \
 	done
 
-# The Redis tests start their own redis-server (a free 127.0.0.1 port, no persistence). Installed
-# here when missing and we are root; otherwise a message, and those tests skip (they fail under CI=true).
-redis-server:
-	@if [ -n "$$REDIS_SERVER" ] || command -v redis-server >/dev/null 2>&1; then :; \
+# Shell: the executable $(1) (or $$$(2) set) is there; else, as root with apt-get, install the Debian
+# package $(3) that has it; else say so, and that the $(4) tests skip until then (they fail under CI=true).
+APT_INSTALL = DEBIAN_FRONTEND=noninteractive apt-get install -y -q
+ENSURE_TOOL = if [ -n "$$$(2)" ] || command -v $(1) >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing redis-server (apt-get)"; \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1 || \
-		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; }; \
+		echo "installing $(1) (apt-get install $(3))"; \
+		$(APT_INSTALL) $(3) >/dev/null 2>&1 || { apt-get update -q >/dev/null && $(APT_INSTALL) $(3) >/dev/null; }; \
 	else \
-		echo "redis-server is missing: install it (sudo apt-get install -y redis-server) or set REDIS_SERVER;" \
-		     "the Redis tests are skipped until then"; \
+		echo "$(1) is missing: install it (sudo apt-get install -y $(3)) or set $(2);" \
+		     "the $(4) tests are skipped until then"; \
 	fi
+
+# The Redis tests start their own redis-server (a free 127.0.0.1 port, no persistence), and the Redis
+# Cluster tests three of them, joined by redis-cli (Debian's redis-tools, which redis-server pulls in).
+redis-server:
+	@$(call ENSURE_TOOL,redis-server,REDIS_SERVER,redis-server,Redis)
+	@$(call ENSURE_TOOL,redis-cli,REDIS_CLI,redis-tools,Redis Cluster)
 
 # The PostgreSQL tests make a throwaway cluster (initdb, the server on a free 127.0.0.1 port). Debian's
 # package puts initdb in /usr/lib/postgresql/<version>/bin, not on PATH: fastlease.testing looks there.

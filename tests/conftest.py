@@ -14,11 +14,15 @@ import pytest
 from fastlease import MemoryClient, _impl
 from fastlease.stores.memory import MemoryStore
 from fastlease.testing import FakeClock, FaultInjector
+from fastlease.testing.fixtures import start_or_skip
+from fastlease.testing.redis_cluster import RedisClusterServer, RedisClusterUnavailable
 from proc_helpers import Children
 
-#: Fixtures that start or reach a service process (a moto server, a redis-server, PostgreSQL): tests that use
-#: them are marked ``server``, so a wheel can be tested where no server runs (``-m "not server"``).
+#: Fixtures that start or reach a service process (a moto server, a redis-server, a Redis Cluster, PostgreSQL):
+#: tests that use them are marked ``server``, so a wheel can be tested where no server runs (``-m "not server"``).
 SERVER_FIXTURES = frozenset({"moto_endpoint", "moto_session", "redis_url", "redis_db", "fastlease_redis_url",
+                             "redis_cluster_url", "redis_cluster_server", "redis_cluster_db", "make_redis_cluster",
+                             "fastlease_redis_cluster", "fastlease_redis_cluster_url",
                              "postgres_dsn", "postgres_db", "fastlease_postgres_dsn"})
 #: How long emptying a test's database may wait for a lock held by a connection an earlier test left open.
 EMPTY_DATABASE_LOCK_TIMEOUT = "10s"
@@ -174,6 +178,55 @@ def redis_db(redis_url: str) -> Iterator[object]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_server(fastlease_redis_cluster: RedisClusterServer) -> RedisClusterServer:
+    """The session's three-node Redis Cluster (fastlease.testing's fixture, as for ``redis_url``), for tests
+    that look at its nodes. Tests that migrate slots or kill, pause or flush nodes behind other tests'
+    backs use ``make_redis_cluster`` instead."""
+    return fastlease_redis_cluster
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(fastlease_redis_cluster_url: str) -> str:
+    """``redis+cluster://...`` of the session's cluster: it skips only where the cluster cannot start,
+    and never in CI (CI=true): there it fails."""
+    return fastlease_redis_cluster_url
+
+
+@pytest.fixture
+def redis_cluster_db(redis_cluster_server: RedisClusterServer) -> Iterator[object]:
+    """A redis.cluster.RedisCluster on the session's cluster, every primary emptied (FLUSHALL) before the test."""
+    from redis.cluster import RedisCluster
+
+    redis_cluster_server.flushall()
+    host, port = redis_cluster_server.nodes[0]
+    client = RedisCluster(host=host, port=port)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def make_redis_cluster() -> Iterator[Callable[..., RedisClusterServer]]:
+    """Start a Redis Cluster of the test's own (``make_redis_cluster(nodes=3)``, the arguments of
+    ``RedisClusterServer.start``), for tests that migrate slots or kill or pause nodes; every one is stopped
+    by its nodes' PIDs after the test. Skips where a cluster cannot start, except under CI=true: there it fails."""
+    started: list[RedisClusterServer] = []
+
+    def start(**options: object) -> RedisClusterServer:
+        server = RedisClusterServer()
+        started.append(server)
+        start_or_skip(server, RedisClusterUnavailable, "Redis Cluster", **options)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """Test helpers: a deterministic :class:`FakeClock`, a :class:`FaultInjector` for MemoryStore, pytest
-fixtures for code that uses fastlease, and three test servers in child processes.
+fixtures for code that uses fastlease, and four test servers in child processes.
 
 ``FakeClock`` replaces both clocks of a client (``MemoryClient(clock=FakeClock())``). Waiting on it
 moves time instead of sleeping, and moving time runs every renewal that falls due on the way, in
@@ -16,13 +16,18 @@ The fixtures load with ``pytest_plugins = ["fastlease.testing"]`` in a ``conftes
 - ``fastlease_redis_url``: one ``redis-server`` per session on a free 127.0.0.1 port, no persistence,
   stopped by its PID. Where ``redis-server`` is not installed the tests that use it skip, except when
   the environment has ``CI=true``: a CI run fails instead, so it can never pass by skipping them;
+- ``fastlease_redis_cluster``: one three-node Redis Cluster per session (a ``RedisClusterServer``: primaries
+  without replicas on free 127.0.0.1 ports, no persistence), each node stopped by its PID; it skips, or
+  fails under ``CI=true``, as the Redis one does; ``fastlease_redis_cluster_url`` is its
+  ``redis+cluster://`` URL;
 - ``fastlease_postgres_dsn``: one throwaway PostgreSQL cluster per session (``initdb`` in a temporary
   directory, the server on a free 127.0.0.1 port, the role ``postgres`` trusted), stopped by its PID;
   it skips, or fails under ``CI=true``, as the Redis one does.
 
 The modules, by job: ``clock`` (FakeClock), ``faults`` (FaultInjector), ``fixtures`` (the pytest
 fixtures), ``moto_server`` (``MotoServer``, a moto server that serialises its requests),
-``redis_server`` (``RedisServer``, a throwaway ``redis-server``) and ``postgres_server``
+``redis_server`` (``RedisServer``, a throwaway ``redis-server``), ``redis_cluster``
+(``RedisClusterServer``, a throwaway Redis Cluster, with slot migrations and node faults) and ``postgres_server``
 (``PostgresServer``, a throwaway PostgreSQL cluster), all started by the one launcher in ``_process``,
 which also stops them when the test process dies.
 
@@ -46,6 +51,8 @@ __all__ = [
     "fastlease_dynamodb_table",
     "fastlease_memory_client",
     "fastlease_postgres_dsn",
+    "fastlease_redis_cluster",
+    "fastlease_redis_cluster_url",
     "fastlease_redis_url",
     "fastlease_sqlite_client",
 ]
@@ -58,6 +65,8 @@ try:
         fastlease_dynamodb_table,
         fastlease_memory_client,
         fastlease_postgres_dsn,
+        fastlease_redis_cluster,
+        fastlease_redis_cluster_url,
         fastlease_redis_url,
         fastlease_sqlite_client,
     )

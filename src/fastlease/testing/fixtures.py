@@ -75,15 +75,22 @@ def fastlease_dynamodb_client(fastlease_dynamodb_table: str) -> Iterator[Any]:
             client.close()
 
 
-def _session_server(server: Any, unavailable: type[Exception], kind: str) -> Iterator[str]:
-    """Start ``server`` and yield its address until the session ends, then stop it by its PID. Where it
-    cannot start (``unavailable``), skip; under ``CI=true``, fail, so that CI never passes by skipping."""
+def start_or_skip(server: Any, unavailable: type[Exception], kind: str, **options: Any) -> str:
+    """``server.start(**options)``, its address returned. Where it cannot start (``unavailable``), skip the
+    test; under ``CI=true``, fail it, so that CI never passes by skipping."""
     try:
-        address: str = server.start()
+        address: str = server.start(**options)
     except unavailable as error:
         if _running_in_ci():
             pytest.fail(f"CI=true: the {kind} tests must run, but {error}")
         pytest.skip(str(error))
+    return address
+
+
+def _session_server(server: Any, unavailable: type[Exception], kind: str) -> Iterator[str]:
+    """Start ``server`` (:func:`start_or_skip`) and yield its address until the session ends, then stop it
+    by its PID."""
+    address = start_or_skip(server, unavailable, kind)
     try:
         yield address
     finally:
@@ -98,6 +105,33 @@ def fastlease_redis_url() -> Iterator[str]:
     from .redis_server import RedisServer, RedisServerUnavailable
 
     yield from _session_server(RedisServer(), RedisServerUnavailable, "Redis")
+
+
+@pytest.fixture(scope="session")
+def fastlease_redis_cluster() -> Iterator[Any]:
+    """A :class:`~fastlease.testing.redis_cluster.RedisClusterServer` (three primaries, no replicas, on free
+    127.0.0.1 ports) started for the session, each node stopped by its PID at the end: for tests that
+    need its nodes. Tests that migrate slots or kill nodes should start a cluster of their own.
+
+    Skips where the cluster cannot start, except under ``CI=true``, where it fails."""
+    from .redis_cluster import RedisClusterServer, RedisClusterUnavailable
+
+    server = RedisClusterServer()
+    start_or_skip(server, RedisClusterUnavailable, "Redis Cluster")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def fastlease_redis_cluster_url(fastlease_redis_cluster: Any) -> str:
+    """``redis+cluster://127.0.0.1:<p1>,127.0.0.1:<p2>,127.0.0.1:<p3>`` of the session's
+    ``fastlease_redis_cluster``.
+
+    Skips where the cluster cannot start, except under ``CI=true``, where it fails."""
+    url: str = fastlease_redis_cluster.url
+    return url
 
 
 @pytest.fixture(scope="session")
