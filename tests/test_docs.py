@@ -18,6 +18,9 @@ working directory, the same moto state and the same Redis data, so an example th
 ``<!-- test: redis -->``
     the session's ``redis-server`` (the ``redis_url`` fixture of ``tests/conftest.py``) is emptied, and
     its URL is both the environment variable ``REDIS_URL`` and a global name ``REDIS_URL``.
+``<!-- test: redis-cluster -->``
+    the session's three-node Redis Cluster (the ``redis_cluster_db`` fixture), every primary emptied;
+    its ``redis+cluster://`` URL is both the environment variable ``REDIS_CLUSTER_URL`` and a global name.
 ``<!-- test: postgres -->``
     an empty database on the session's PostgreSQL server (the ``postgres_db`` fixture of
     ``tests/conftest.py``): its DSN is both the environment variable ``POSTGRES_DSN`` and a global name.
@@ -60,8 +63,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-MARKERS = frozenset({"dynamodb", "redis", "postgres", "server", "continue", "pytest", "conftest"})
-SERVER_MARKERS = frozenset({"redis", "postgres", "server"})  # the test needs (or starts) a service process
+MARKERS = frozenset({"dynamodb", "redis", "redis-cluster", "postgres", "server", "continue", "pytest", "conftest"})
+SERVER_MARKERS = frozenset({"redis", "redis-cluster", "postgres", "server"})  # the test needs (or starts) a service process
 PYTEST_TIMEOUT_S = 300  # bound for one example test module run in a subprocess
 
 _FENCE = re.compile(r"^(\s*)```([\w+-]*)\s*$")
@@ -166,6 +169,11 @@ def _run_in_namespace(chain: list[Block], setup: frozenset, request: pytest.Fixt
             admin.close()
         monkeypatch.setenv("REDIS_URL", url)
         module.__dict__["REDIS_URL"] = url
+    if "redis-cluster" in setup:
+        request.getfixturevalue("redis_cluster_db")  # every primary emptied
+        url = request.getfixturevalue("redis_cluster_url")
+        monkeypatch.setenv("REDIS_CLUSTER_URL", url)
+        module.__dict__["REDIS_CLUSTER_URL"] = url
     if "postgres" in setup:
         dsn = request.getfixturevalue("postgres_db")
         monkeypatch.setenv("POSTGRES_DSN", dsn)

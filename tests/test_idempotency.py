@@ -32,9 +32,9 @@ from fastlease.idempotency import (
 )
 from proc_helpers import JOIN_S, Children, kill_and_reap, receive
 
-STORES = ["memory", "sqlite", "dynamodb", "redis", "postgres"]
-#: Stores reached through a server process (the moto server, redis-server, PostgreSQL).
-SERVER_KINDS = ("dynamodb", "redis", "postgres")
+STORES = ["memory", "sqlite", "dynamodb", "redis", "redis-cluster", "postgres"]
+#: Stores reached through a server process (the moto server, redis-server, a Redis Cluster, PostgreSQL).
+SERVER_KINDS = ("dynamodb", "redis", "redis-cluster", "postgres")
 BOUND_S = 30.0
 
 
@@ -54,6 +54,9 @@ class Store:
         elif kind == "redis":
             request.getfixturevalue("redis_db")
             self.target = request.getfixturevalue("redis_url")
+        elif kind == "redis-cluster":
+            request.getfixturevalue("redis_cluster_db")
+            self.target = request.getfixturevalue("redis_cluster_url")
         else:
             if kind == "postgres":  # the session server's emptied schema
                 self.target = request.getfixturevalue("postgres_db")

@@ -95,6 +95,19 @@ def redis_store(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def redis_cluster_store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The session's three-node Redis Cluster, every primary emptied."""
+    from fastlease.redis import RedisClient
+
+    request.getfixturevalue("redis_cluster_db")
+    client = RedisClient(request.getfixturevalue("redis_cluster_url"))
+    try:
+        yield client.store
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
 def postgres_store(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A real PostgreSQL server, started by the test session; the tables made by create_lock_table in an
     emptied schema."""
@@ -119,13 +132,14 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "dynamodb-server-boto3": lambda request: dynamodb_server_store(request, fast_path=False),
     "sqlite": sqlite_store,
     "redis": redis_store,
+    "redis-cluster": redis_cluster_store,
     "postgres": postgres_store,
 }
 #: In-process moto (mock_aws) does not make a conditional write atomic against concurrent threads
 #: (moto's limitation, not the adapter's), so the race test runs where the store itself is atomic.
 ATOMIC_STORES = sorted(set(STORES) - {"dynamodb-mock"})
 #: Stores that need a server process: their cases are marked ``server`` (the wheel tests deselect them).
-SERVER_STORES = {"dynamodb-server", "dynamodb-server-boto3", "redis", "postgres"}
+SERVER_STORES = {"dynamodb-server", "dynamodb-server-boto3", "redis", "redis-cluster", "postgres"}
 #: Stores whose keys cannot hold NUL (PostgreSQL's text type): they refuse such a key with ValueError,
 #: before any request, rather than store something else.
 NUL_REFUSING_STORES = {"postgres"}
