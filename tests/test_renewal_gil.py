@@ -46,6 +46,7 @@ STOP_BOUND_S = 3.0
 STORES = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("redis", id="redis", marks=pytest.mark.server),
+    pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.server),
     pytest.param("dynamodb", id="dynamodb", marks=pytest.mark.server),
     pytest.param("postgres", id="postgres", marks=pytest.mark.server),
 ]
@@ -59,13 +60,15 @@ class Target(NamedTuple):
 
 @pytest.fixture(params=STORES)
 def target(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Target]:
-    """A store for the test's processes: a temp SQLite file, the session's redis-server, a new table on
+    """A store for the test's processes: a temp SQLite file, the session's redis-server or Redis Cluster, a new table on
     the session's serialised moto server, or a lock table in the session PostgreSQL's emptied schema (those
     fixtures fail under CI=true when the server cannot start)."""
     if request.param == "sqlite":
         yield Target("sqlite", f"sqlite:{tmp_path / 'locks.sqlite3'}", "locks")
     elif request.param == "redis":
         yield Target("redis", request.getfixturevalue("redis_url"), "locks")
+    elif request.param == "redis-cluster":
+        yield Target("redis-cluster", request.getfixturevalue("redis_cluster_url"), "locks")
     elif request.param == "postgres":
         from fastlease import PostgresClient
 
