@@ -114,6 +114,7 @@ class RedisClusterStore(RedisStore):
         self.address_remap = address_remap
         self._slots: Optional[list[Optional[Address]]] = None  # None: fetch before the next request
         self._last_nodes: list[Address] = []  # the primaries of the last map: asked first for the next
+        self._suspect: Optional[Address] = None  # the node whose request failed last: asked last for a map
         self._map_lock = threading.Lock()
         super().__init__(pool)
         from .redis_cluster_feed import RedisClusterReleaseFeed
@@ -161,10 +162,11 @@ class RedisClusterStore(RedisStore):
                     self._moved(redirect.slot, redirect.address)
             except StoreError:
                 # The node failed, timed out, or says the cluster is down: its slots may have moved.
+                self._suspect = address
                 self.forget_slot_map()
                 raise
-        raise StoreError(f"Redis Cluster request on {key!r} (slot {slot}) was redirected more than "
-                         f"{MAX_REDIRECTIONS} times or ran out of time while redirected; it did not run", key=key)
+        raise StoreError(f"Redis Cluster request on {key!r} (slot {slot}) did not run: redirected more than "
+                         f"{MAX_REDIRECTIONS} times, or out of its {timeout_s:.3g}s while redirected", key=key)
 
     def _classify_reply(self, error: Exception, key: str) -> Exception:
         redis = self._redis
@@ -217,13 +219,18 @@ class RedisClusterStore(RedisStore):
             if self._slots is not None:  # another thread fetched it while we waited
                 return self._slots
             candidates = list(dict.fromkeys([*self._last_nodes, *self.startup_nodes]))
+            if self._suspect in candidates:  # the node that just failed is asked last
+                candidates.remove(self._suspect)
+                candidates.append(self._suspect)
             failures = []
-            for address in candidates:
+            for index, address in enumerate(candidates):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
+                # An unreachable host can take a whole connect timeout: leave time for the others.
+                share = remaining / (len(candidates) - index)
                 try:
-                    reply = self.exchange(self.node_connection(address), key, remaining, (_CLUSTER_SLOTS,))
+                    reply = self.exchange(self.node_connection(address), key, share, (_CLUSTER_SLOTS,))
                 except StoreError as error:
                     failures.append(f"{address[0]}:{address[1]}: {error}")
                     continue
