@@ -35,8 +35,8 @@ def boto3_session() -> Any:
 
 def fastlease_client(endpoint: str, fast_path: bool = True, renewal: str = "auto") -> Any:
     """A client on the moto server at ``endpoint``, on the SQLite file of ``sqlite:PATH``, on the Redis
-    server of a ``redis://`` URL (the cluster of a ``redis+cluster://`` URL), or on the PostgreSQL database of a ``postgresql://`` DSN. ``renewal``:
-    the client's option ("auto": the renewal process)."""
+    server of a ``redis://`` URL (the cluster of a ``redis+cluster://`` URL), or on the PostgreSQL database
+    of a ``postgresql://`` DSN. ``renewal``: the client's option ("auto": the renewal process)."""
     if endpoint.startswith("postgresql://"):
         from fastlease import PostgresClient
 

@@ -64,7 +64,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKERS = frozenset({"dynamodb", "redis", "redis-cluster", "postgres", "server", "continue", "pytest", "conftest"})
-SERVER_MARKERS = frozenset({"redis", "redis-cluster", "postgres", "server"})  # the test needs (or starts) a service process
+#: The test needs (or starts) a service process.
+SERVER_MARKERS = frozenset({"redis", "redis-cluster", "postgres", "server"})
 PYTEST_TIMEOUT_S = 300  # bound for one example test module run in a subprocess
 
 _FENCE = re.compile(r"^(\s*)```([\w+-]*)\s*$")

@@ -58,8 +58,8 @@ class RedisClient(LeaseClient):
             raise TypeError(
                 f"RedisClient takes a sync redis.Redis or redis.cluster.RedisCluster client (or a redis:// URL), got "
                 f"{type(redis_or_url).__name__} from redis.asyncio: fastlease's async API (DistributedLock, async "
-                "decorators) runs the sync client on worker threads, so one client serves both. Pass the sync "
-                "client with the same settings"
+                "decorators) runs the sync client on worker threads, so one client serves both. Pass redis.Redis(...) "
+                "(or redis.cluster.RedisCluster(...)) with the same settings"
             )
         else:
             raise TypeError(

@@ -252,7 +252,7 @@ def test_check_in_points_to_fencing_tokens(make_redis):
 
 
 def test_bad_constructor_arguments_are_clear(core):
-    with pytest.raises(TypeError, match="redis:// URL or a redis.Redis"):
+    with pytest.raises(TypeError, match=r"redis\+cluster:// URL, a redis.Redis or a redis.cluster.RedisCluster"):
         RedisClient(42, _engine_module=core)
     with pytest.raises(ValueError, match="bad Redis URL") as info:
         RedisClient("http://user:pw-secret@127.0.0.1/0", _engine_module=core)

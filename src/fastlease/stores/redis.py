@@ -647,6 +647,15 @@ def _token(reply: object, key: str) -> int:
 # ---------------------------------------------------------------------------------------------
 # Wake-up on release
 # ---------------------------------------------------------------------------------------------
+def pubsub_event(reply: Any) -> tuple[str, bytes]:
+    """(kind, channel) of a pub/sub reply (``message``, ``subscribe``, ...; ``smessage``, ``ssubscribe``, ...
+    on a cluster), or ("", b"") for anything else, which matches no channel."""
+    if not isinstance(reply, list) or len(reply) != 3:
+        return "", b""
+    name = reply[1]
+    return _text(reply[0]), name.encode("utf-8") if isinstance(name, str) else name
+
+
 class _Channel(WatchedChannel):
     __slots__ = ("subscribed", "outstanding")
 
@@ -733,11 +742,7 @@ class RedisReleaseFeed(ListenerFeed):
             connection.send_command(b"UNSUBSCRIBE", *unsubscribe, check_health=False)
 
     def _dispatch(self, reply: Any) -> None:
-        if not isinstance(reply, list) or len(reply) != 3:
-            return
-        kind, name = _text(reply[0]), reply[1]
-        if isinstance(name, str):
-            name = name.encode("utf-8")
+        kind, name = pubsub_event(reply)
         with self._lock:
             channel = self._channels.get(name)
             if channel is None:

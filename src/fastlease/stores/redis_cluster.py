@@ -66,24 +66,28 @@ def key_slot(key: str) -> int:
     return binascii.crc_hqx(escape_key(key), 0) % SLOTS
 
 
+def _cluster_name(table: str, key: str, kind: str) -> bytes:
+    return b"fastlease:{" + escape_key(key) + f"}}:{table}:{kind}".encode()
+
+
 class ClusterLayout:
     """The cluster's key names (module docstring): one hash tag, the whole key, for all of them."""
 
     @staticmethod
     def lease(table: str, key: str) -> bytes:
-        return b"fastlease:{" + escape_key(key) + f"}}:{table}:lease".encode()
+        return _cluster_name(table, key, "lease")
 
     @staticmethod
     def fence(table: str, key: str) -> bytes:
-        return b"fastlease:{" + escape_key(key) + f"}}:{table}:fence".encode()
+        return _cluster_name(table, key, "fence")
 
     @staticmethod
     def record(table: str, key: str) -> bytes:
-        return b"fastlease:{" + escape_key(key) + f"}}:{table}:record".encode()
+        return _cluster_name(table, key, "record")
 
     @staticmethod
     def channel(table: str, key: str) -> bytes:
-        return b"fastlease:{" + escape_key(key) + f"}}:{table}:released".encode()
+        return _cluster_name(table, key, "released")
 
 
 class _Redirected(StoreError):

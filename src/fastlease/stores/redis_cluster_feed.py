@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from ..exceptions import StoreError
 from ._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
-from .redis import _text
+from .redis import pubsub_event
 
 __all__ = ["RedisClusterReleaseFeed"]
 
@@ -171,11 +171,7 @@ class RedisClusterReleaseFeed(ListenerFeed):
                 self._drop_node(links, node)
 
     def _dispatch(self, node: Any, reply: Any) -> None:
-        if not isinstance(reply, list) or len(reply) != 3:
-            return
-        kind, name = _text(reply[0]), reply[1]
-        if isinstance(name, str):
-            name = name.encode("utf-8")
+        kind, name = pubsub_event(reply)
         with self._lock:
             channel = self._channels.get(name)
             if channel is None:
