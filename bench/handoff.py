@@ -6,11 +6,17 @@ Side by side in one run:
   * processes against one redis-server (started here): fastlease with its wake-up on release, fastlease
     polling only (``wake_on_release=False``), redis-py's ``Lock`` (polls every 0.1 s),
     python-redis-lock (BLPOP wake-up) and the seed article's hand-written SET NX PX loop (polls every
-    0.05 s). Only fastlease reports its reads (n/a for the others).
+    0.05 s);
+  * processes against a three-node Redis Cluster (started here, ``fastlease.testing.redis_cluster``):
+    fastlease with its wake-up on release (sharded pub/sub), fastlease polling only, and redis-py's
+    ``Lock`` on a ``redis.cluster.RedisCluster``.
+Only fastlease reports its reads (n/a for the others). Each process starts its clock once all of them
+have imported and connected.
 
 Reported: handoff latency p50/p99 (from one holder's release to the next acquisition by another
 worker, on the system-wide monotonic clock), each worker's share of the acquisitions, and reads per
-acquisition and per waiting second. Run: ``.venv/bin/python bench/handoff.py [--seconds 10]``.
+acquisition and per waiting second.
+Run: ``.venv/bin/python bench/handoff.py [--seconds 8] [--stores memory,dynamodb,redis,redis-cluster]``.
 """
 
 from __future__ import annotations
@@ -29,10 +35,18 @@ WORK_S = 0.005
 TABLE = "handoff_locks"
 #: The Redis peers (bench/redis_peers.py), run only in the Redis section.
 REDIS_PEERS = ("redis-py", "redis_lock", "article")
+#: The sections of a run, in order (``--stores``).
+SECTIONS = ("memory", "dynamodb", "redis", "redis-cluster")
+#: Width of the setup column.
+LABEL_WIDTH = 40
 #: The PostgreSQL reference (bench/postgres_cycle.py): a session-level advisory lock, blocking
 #: (``pg_advisory_lock``) on the worker's own autocommit connection, given up after 5 s (lock_timeout).
 ADVISORY = "advisory"
 ADVISORY_KEY = 0x666C_6861_6E64  # one bigint key for the handoff, outside the cycle bench's
+#: How long a worker process may take to import and connect, and then to see the start signal.
+READY_TIMEOUT_S = 60.0
+#: From the start signal to the common start: enough for every ready worker to wake up first.
+START_MARGIN_S = 0.1
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
 
 
@@ -94,18 +108,22 @@ def run_worker(library: str, client: Any, seconds: float, start_at: float) -> di
     return {"holds": holds, "reads": reads, "waited_ms": waited_ms}
 
 
-def process_worker(library: str, endpoint: str, seconds: float, start_at: float, out: Any) -> None:
+def process_worker(library: str, endpoint: str, seconds: float, start: Any, go: Any, out: Any) -> None:
+    """One worker process: connect, say "ready" on ``out``, wait for ``go``, run from ``start.value`` (the
+    parent sets it once every worker is ready) and send the result on ``out``."""
     if endpoint.startswith("sqlite:"):
         from fastlease import SQLiteClient
 
         client: Any = SQLiteClient(endpoint[len("sqlite:"):])
-    elif endpoint.startswith("redis://"):
+    elif endpoint.startswith(("redis://", "redis+cluster://")):
         from fastlease.redis import RedisClient
 
         if library in REDIS_PEERS:
             import redis
+            import redis_peers
 
-            client = redis.Redis.from_url(endpoint)
+            client = (redis.Redis.from_url(endpoint) if endpoint.startswith("redis://")
+                      else redis_peers.cluster_client(endpoint))
         else:
             client = RedisClient(endpoint, wake_on_release=library == "fastlease")
             library = "fastlease"
@@ -128,8 +146,12 @@ def process_worker(library: str, endpoint: str, seconds: float, start_at: float,
         from pydynox import DynamoDBClient as PydynoxClient
 
         client = PydynoxClient(region="us-east-1", access_key="testing", secret_key="testing", endpoint_url=endpoint)
+    out.send("ready")
+    if not go.wait(READY_TIMEOUT_S):
+        out.send({"holds": [], "reads": 0, "waited_ms": 0.0, "error": "no start signal from the parent"})
+        return
     try:
-        out.send(run_worker(library, client, seconds, start_at))
+        out.send(run_worker(library, client, seconds, start.value))
     except BaseException as error:  # reported by the parent, not lost with the process
         out.send({"holds": [], "reads": 0, "waited_ms": 0.0, "error": f"{type(error).__name__}: {error}"})
 
@@ -152,7 +174,7 @@ def summarise(name: str, results: list[dict[str, Any]]) -> None:
         reads = sum(result["reads"] for result in results)
         waited_s = sum(result["waited_ms"] for result in results) / 1000
         read_columns = f"{reads / max(total, 1):>11.2f}{reads / max(waited_s, 1e-9):>14.1f}"
-    print(f"{name:<34}{total:>7}{p50:>10.1f}{p99:>10.1f}   {' '.join(f'{s:4.0f}%' for s in shares):<23}"
+    print(f"{name:<{LABEL_WIDTH}}{total:>7}{p50:>10.1f}{p99:>10.1f}   {' '.join(f'{s:4.0f}%' for s in shares):<23}"
           + read_columns)
 
 
@@ -189,20 +211,31 @@ def threads_on_memory(library: str, seconds: float) -> list[dict[str, Any]]:
 
 def processes_on(library: str, endpoint: str, seconds: float) -> list[dict[str, Any]]:
     """WORKERS spawned processes, one client each, on the store at ``endpoint`` (moto, redis://,
-    postgresql:// or sqlite:PATH)."""
+    redis+cluster://, postgresql:// or sqlite:PATH), all starting at one moment once every one is ready."""
     context = multiprocessing.get_context("spawn")
-    start_at = time.monotonic() + 3.0  # time for the children to import and connect
+    start, go = context.Value("d", 0.0), context.Event()
     pipes, processes = [], []
     for _ in range(WORKERS):
         receiver, sender = context.Pipe(duplex=False)
-        process = context.Process(target=process_worker, args=(library, endpoint, seconds, start_at, sender))
+        process = context.Process(target=process_worker, args=(library, endpoint, seconds, start, go, sender))
         process.start()
         pipes.append(receiver)
         processes.append(process)
     try:
         silent = {"holds": [], "reads": 0, "waited_ms": 0.0, "error": "no report (the process died)"}
+        ready, ready_by = [], time.monotonic() + READY_TIMEOUT_S
+        for pipe in pipes:  # a worker that died or hangs before it is ready is left out (and reported)
+            try:
+                ready.append(pipe.poll(max(0.0, ready_by - time.monotonic())) and pipe.recv() == "ready")
+            except EOFError:
+                ready.append(False)
+        start.value = time.monotonic() + START_MARGIN_S
+        go.set()
         results = []
-        for pipe in pipes:
+        for pipe, started in zip(pipes, ready):
+            if not started:
+                results.append({**silent, "error": f"not ready within {READY_TIMEOUT_S:g} s (died or hung)"})
+                continue
             try:
                 results.append(pipe.recv() if pipe.poll(seconds + 60) else silent)
             except EOFError:
@@ -218,14 +251,18 @@ def processes_on(library: str, endpoint: str, seconds: float) -> list[dict[str, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--stores", default="memory,dynamodb,redis",
-                        help="comma-separated sections to run (default memory,dynamodb,redis)")
+    # 8 s a setup keeps the whole run (12 setups) near two minutes on a 2-core machine.
+    parser.add_argument("--seconds", type=float, default=8.0, help="each setup's run (default 8)")
+    parser.add_argument("--stores", default=",".join(SECTIONS),
+                        help=f"comma-separated sections to run (default {','.join(SECTIONS)})")
     args = parser.parse_args()
     args.stores = set(args.stores.split(","))
+    if args.stores - set(SECTIONS):
+        parser.error(f"unknown section(s) {', '.join(sorted(args.stores - set(SECTIONS)))}: "
+                     f"choose from {','.join(SECTIONS)}")
     print(f"# handoff: {WORKERS} workers, {WORK_S * 1000:g} ms critical section, {args.seconds:g} s each, "
-          f"{time.strftime('%Y-%m-%d')}")
-    print(f"{'setup':<34}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
+          f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
+    print(f"{'setup':<{LABEL_WIDTH}}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
           f"{'reads/acq':>11}{'reads/s wait':>14}")
     if "memory" in args.stores:
         for library in ("fastlease", "pydynox"):
@@ -234,6 +271,8 @@ def main() -> int:
         dynamodb_section(args.seconds)
     if "redis" in args.stores:
         redis_section(args.seconds)
+    if "redis-cluster" in args.stores:
+        redis_cluster_section(args.seconds)
     return 0
 
 
@@ -261,6 +300,18 @@ def redis_section(seconds: float) -> None:
                                ("fastlease-polling", "fastlease, polling only: Redis"),
                                *((peer, f"{peer}: processes, Redis") for peer in REDIS_PEERS)):
             summarise(label, processes_on(library, server.url, seconds))
+
+
+def redis_cluster_section(seconds: float) -> None:
+    """The Redis setups on a three-node cluster of this run's own (stopped by its nodes' PIDs, also on an
+    error); the peer is redis-py's ``Lock`` on a ``redis.cluster.RedisCluster``."""
+    from fastlease.testing.redis_cluster import RedisClusterServer
+
+    with RedisClusterServer() as cluster:
+        for library, label in (("fastlease", "fastlease: processes, Redis Cluster"),
+                               ("fastlease-polling", "fastlease, polling only: Redis Cluster"),
+                               ("redis-py", "redis-py: processes, Redis Cluster")):
+            summarise(label, processes_on(library, cluster.url, seconds))
 
 
 if __name__ == "__main__":

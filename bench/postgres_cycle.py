@@ -211,7 +211,7 @@ def run(dsn: str, args: argparse.Namespace) -> None:
     print()
     print(f"# handoff: {handoff.WORKERS} processes, one key, {handoff.WORK_S * 1000:g} ms critical section, "
           f"{args.seconds:g} s each")
-    print(f"{'setup':<34}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
+    print(f"{'setup':<{handoff.LABEL_WIDTH}}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
           f"{'reads/acq':>11}{'reads/s wait':>14}")
     handoff.summarise("fastlease: processes, PostgreSQL", handoff.processes_on("fastlease", dsn, args.seconds))
     handoff.summarise("pg_advisory_lock: processes", handoff.processes_on(handoff.ADVISORY, dsn, args.seconds))

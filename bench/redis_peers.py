@@ -5,6 +5,9 @@ context manager that holds the lock, or raises ``NotAcquired`` after a 5 s wait.
 * ``redis_lock``: python-redis-lock 4.0.1 (SET NX EX; waiters block on a signal list, woken by BLPOP);
 * ``article``: the seed article's hand-written lock, made synchronous: SET NX PX, polling every 50 ms,
   and a Lua compare-and-delete on release (EVAL, as the article writes it).
+
+On a Redis Cluster the peer is redis-py's ``Lock`` on a ``redis.cluster.RedisCluster``
+(:func:`cluster_client`), with redis-py's cluster defaults: the same guard, the same calls.
 """
 
 from __future__ import annotations
@@ -16,6 +19,18 @@ from typing import Any, Callable, Iterator
 
 LEASE_S = 30
 WAIT_S = 5.0
+
+
+def cluster_client(url: str) -> Any:
+    """A ``redis.cluster.RedisCluster`` on the nodes of a ``redis+cluster://host:port,host:port`` URL
+    (what ``fastlease.testing.redis_cluster.RedisClusterServer.url`` gives)."""
+    from redis.cluster import ClusterNode, RedisCluster
+
+    scheme, _, nodes = url.partition("://")
+    if scheme != "redis+cluster" or not nodes:
+        raise ValueError(f"expected a redis+cluster://host:port[,host:port...] URL, got {url!r}")
+    startup = [ClusterNode(host, int(port)) for host, _, port in (node.rpartition(":") for node in nodes.split(","))]
+    return RedisCluster(startup_nodes=startup)
 
 
 class NotAcquired(Exception):

@@ -74,7 +74,7 @@ def main() -> int:
     print()
     print(f"# handoff: {handoff.WORKERS} processes, one key of one SQLite file, "
           f"{handoff.WORK_S * 1000:g} ms critical section, {args.seconds:g} s")
-    print(f"{'setup':<34}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
+    print(f"{'setup':<{handoff.LABEL_WIDTH}}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
           f"{'reads/acq':>11}{'reads/s wait':>14}")
     handoff.summarise("fastlease: processes, SQLite",
                       handoff.processes_on("fastlease", "sqlite:" + os.path.join(directory, "handoff.db"),
