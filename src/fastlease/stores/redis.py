@@ -22,7 +22,8 @@ the client's connection pool (address, database, credentials, TLS), with no auto
 request that may have run is reported as such (``StoreError.maybe_committed``) and the engine
 reconciles it by a read, exactly as on DynamoDB.
 
-Redis Cluster is not supported (a script touches the lease and the fence key).
+A Redis Cluster has a store of its own, ``fastlease.stores.redis_cluster`` (the same scripts, on keys
+that share one hash tag); this one refuses a cluster node, whose keys would be laid out otherwise.
 """
 
 from __future__ import annotations
@@ -180,6 +181,23 @@ _TRANSIENT_REPLIES = frozenset({"BUSY", "LOADING", "READONLY", "MASTERDOWN", "TR
 _CLUSTER_REPLIES = frozenset({"MOVED", "ASK", "CROSSSLOT"})
 
 
+def reply_code(redis: Any, error: Exception) -> str:
+    """The code of an error reply (``TRYAGAIN``, ``MOVED``, ``NOPERM``, ...). redis-py's parser takes the
+    code off the message of each reply it has an exception class for (``TRYAGAIN Multiple keys request
+    during rehashing of slot`` arrives as ``TryAgainError("Multiple keys request ...")``), so for those the
+    class says it; for the others, the message's first word."""
+    exceptions = redis.exceptions
+    # Subclasses before their bases: MovedError is an AskError, MasterDownError a ClusterDownError.
+    for kind, code in ((exceptions.MovedError, "MOVED"), (exceptions.AskError, "ASK"),
+                       (exceptions.MasterDownError, "MASTERDOWN"), (exceptions.ClusterDownError, "CLUSTERDOWN"),
+                       (exceptions.TryAgainError, "TRYAGAIN"), (exceptions.ClusterCrossSlotError, "CROSSSLOT"),
+                       (exceptions.ReadOnlyError, "READONLY"), (exceptions.OutOfMemoryError, "OOM"),
+                       (exceptions.NoPermissionError, "NOPERM")):
+        if isinstance(error, kind):
+            return code
+    return str(error).split(" ", 1)[0]
+
+
 def _cluster_node_message(where: str, reply: str) -> str:
     return (f"the Redis server at {where} is a Redis Cluster node ({reply}): connect with "
             "RedisClient('redis+cluster://host:port'), or pass a redis.cluster.RedisCluster")
@@ -302,6 +320,8 @@ class RedisStore:
         self._connections: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every one made, for close()
         self._connections_lock = threading.Lock()
         self._closed = False
+        #: What a request raises on NOSCRIPT (the script did not run): see run_script.
+        self.no_script: Any = self._redis.exceptions.NoScriptError
         self.release_feed: Optional[ListenerFeed] = RedisReleaseFeed(self)
 
     def __repr__(self) -> str:
@@ -430,16 +450,15 @@ class RedisStore:
             ) from error
 
     def _classify_reply(self, error: Exception, key: str) -> Exception:
-        redis = self._redis
+        code = reply_code(self._redis, error)
         text = str(error)
-        first = text.split(" ", 1)[0]
-        if first == "WRONGTYPE":
+        if not text.startswith(code):
+            text = f"{code} {text}"  # as the server sent it
+        if code == "WRONGTYPE":
             return MalformedLockRow(f"Redis key of {key!r} holds something that is not a lease: {text}", key=key)
-        if first in _CLUSTER_REPLIES:
+        if code in _CLUSTER_REPLIES:
             return StoreRequestRejected(_cluster_node_message(self.describe(), text), key=key)
-        if first in _TRANSIENT_REPLIES or isinstance(
-            error, (redis.exceptions.ReadOnlyError, redis.exceptions.OutOfMemoryError)
-        ):
+        if code in _TRANSIENT_REPLIES:
             return StoreError(f"Redis could not run the request on {key!r} now: {text}", key=key)
         return StoreRequestRejected(f"Redis refused the request on {key!r} ({self.describe()}): {text}", key=key)
 
@@ -450,19 +469,21 @@ class RedisStore:
         NOSCRIPT (a SCRIPT FLUSH in between, or on a cluster, the slot moved to a node without it) is a
         transient StoreError: nothing ran, and the engine tries again."""
         command = (b"EVALSHA", script.sha, len(keys), *keys, *args)
-        no_script = self._redis.exceptions.NoScriptError
         try:
             return self.call(key, timeout_s, *command)
-        except no_script:
-            pass
-        loaded = _text(self.call(key, timeout_s, b"SCRIPT", b"LOAD", script.source))
+        except self.no_script as missing:
+            loaded = _text(self.load_script(script, key, timeout_s, missing))
         if loaded != script.sha.decode():
             raise StoreRequestRejected(f"Redis loaded script {script.name} as {loaded!r}, not its SHA1", key=key)
         try:
             return self.call(key, timeout_s, *command)
-        except no_script:
+        except self.no_script:
             raise StoreError(f"Redis lost script {script.name} right after loading it (SCRIPT FLUSH, or a slot "
                              f"that moved); it did not run on {key!r}", key=key) from None
+
+    def load_script(self, script: _Script, key: str, timeout_s: float, missing: Exception) -> Any:
+        """SCRIPT LOAD where the NOSCRIPT reply ``missing`` came from (here: the server); its reply, the SHA1."""
+        return self.call(key, timeout_s, b"SCRIPT", b"LOAD", script.source)
 
     # ---- the LockStore operations --------------------------------------------------------------
     def put_if_absent(

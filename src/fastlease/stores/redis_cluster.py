@@ -21,7 +21,8 @@ so two clients can never hold one key under two names.
 and again after a node fails) and one connection per node in each thread. A ``MOVED`` reply updates
 the map and sends the request to the new node; ``ASK`` (a slot being migrated) sends it once to the
 importing node, after ``ASKING``. Both mean the command did not run, so following them is safe; at most
-:data:`MAX_REDIRECTIONS` are followed within the request's timeout. Every other failure is the single
+:data:`MAX_REDIRECTIONS` are followed within the request's timeout. ``NOSCRIPT`` loads the script on the
+node that said it (an importing node may never have run it). Every other failure is the single
 node's: an error that may have run is ``maybe_committed`` and reconciled by the engine, and redis-py's
 own retries are off.
 """
@@ -29,14 +30,17 @@ own retries are off.
 from __future__ import annotations
 
 import binascii
+import logging
 import re
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 from ..exceptions import StoreError
 from .base import check_table
 from .redis import CLUSTER_SCRIPTS, RedisStore, _pack, _text, connection_kind, load_redis
+
+_log = logging.getLogger("fastlease.stores.redis")
 
 __all__ = ["RedisClusterStore", "ClusterLayout", "key_slot", "escape_key", "MAX_REDIRECTIONS"]
 
@@ -99,6 +103,15 @@ class _Redirected(StoreError):
         self.ask, self.slot, self.address = ask, slot, address
 
 
+class _NoScript(Exception):
+    """NOSCRIPT from the node at ``address``: the script did not run there (``run_script`` loads it on
+    that node and sends it again)."""
+
+    def __init__(self, address: Address) -> None:
+        super().__init__(f"NOSCRIPT from {address[0]}:{address[1]}")
+        self.address = address
+
+
 class RedisClusterStore(RedisStore):
     """The LockStore adapter for a Redis Cluster: the Redis store's requests, each routed to its slot's node."""
 
@@ -121,6 +134,7 @@ class RedisClusterStore(RedisStore):
         self._suspect: Optional[Address] = None  # the node whose request failed last: asked last for a map
         self._map_lock = threading.Lock()
         super().__init__(pool)
+        self.no_script = _NoScript
         from .redis_cluster_feed import RedisClusterReleaseFeed
 
         self.release_feed = RedisClusterReleaseFeed(self)
@@ -164,6 +178,8 @@ class RedisClusterStore(RedisStore):
                 ask = redirect.address if redirect.ask else None
                 if not redirect.ask:
                     self._moved(redirect.slot, redirect.address)
+            except self._redis.exceptions.NoScriptError as error:
+                raise _NoScript(address) from error  # not run: run_script loads the script on this node
             except StoreError:
                 # The node failed, timed out, or says the cluster is down: its slots may have moved.
                 self._suspect = address
@@ -171,6 +187,16 @@ class RedisClusterStore(RedisStore):
                 raise
         raise StoreError(f"Redis Cluster request on {key!r} (slot {slot}) did not run: redirected more than "
                          f"{MAX_REDIRECTIONS} times, or out of its {timeout_s:.3g}s while redirected", key=key)
+
+    def load_script(self, script: Any, key: str, timeout_s: float, missing: Exception) -> Any:
+        """SCRIPT LOAD on the node that answered NOSCRIPT. It is not always the slot's node in the map: a
+        node importing the slot, which an ASK sent the script to, may never have run it, and loading it
+        on the slot's node would leave every EVALSHA through the ASK without it until the slot moves."""
+        address = cast(_NoScript, missing).address
+        reply = self.exchange(self.node_connection(address), key, timeout_s,
+                              (_pack((b"SCRIPT", b"LOAD", script.source)),))
+        _log.debug("SCRIPT LOAD %s %r on %s:%d -> ok", script.name, key, *address)
+        return reply
 
     def _classify_reply(self, error: Exception, key: str) -> Exception:
         redis = self._redis

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from ..exceptions import StoreError
 from ._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
-from .redis import pubsub_event
+from .redis import pubsub_event, reply_code
 
 __all__ = ["RedisClusterReleaseFeed"]
 
@@ -163,7 +163,7 @@ class RedisClusterReleaseFeed(ListenerFeed):
                     self._dispatch(node, connection.read_response())
                     share = 0
             except redis.exceptions.ResponseError as error:
-                if str(error).split(" ", 1)[0] not in ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN"):
+                if reply_code(redis, error) not in ("MOVED", "ASK", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN"):
                     self.unsupported = True  # e.g. "unknown command 'SSUBSCRIBE'": poll from now on
                     _log.info("Redis Cluster has no sharded pub/sub (%s): waiters poll for releases", error)
                 self._drop_node(links, node)
