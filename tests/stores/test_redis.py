@@ -25,6 +25,7 @@ from fastlease.exceptions import LockLost, LockNotAcquired, MalformedLockRow, St
 from fastlease.redis import RedisClient
 from fastlease.stores.redis import fence_key, lease_key
 from fastlease.testing import NO_USAGE
+from lock_waiter import Waiter
 from proc_helpers import JOIN_S, Children, kill_and_reap, receive, run_contenders
 
 CONTENDERS = 16
@@ -59,32 +60,6 @@ def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])  # nothing listens once the probe is closed
-
-
-class Waiter:
-    """A thread that acquires ``key`` on ``client`` and records what happened."""
-
-    def __init__(self, client: RedisClient, key: str, wait_s: float = BOUND_S) -> None:
-        self.client, self.key, self.wait_s = client, key, wait_s
-        self.token: Any = None
-        self.error: Any = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            guard = SyncDistributedLock(self.client, table="locks", key=self.key, lease_duration=5,
-                                        wait_timeout=self.wait_s)
-            with guard as lease:
-                self.token = lease.fencing_token
-        except BaseException as error:  # noqa: BLE001 - reported by join()
-            self.error = error
-
-    def join(self) -> None:
-        self.thread.join(BOUND_S + self.wait_s)
-        assert not self.thread.is_alive(), "waiter still waiting"
-        if self.error is not None:
-            raise self.error
 
 
 # ---- the row, its expiry and its fencing counter -------------------------------------------------
