@@ -110,7 +110,8 @@ wheel: $(PY)
 demo: $(INSTALLED)
 	$(VENV)/bin/fastlease demo
 
-# The reliability harness, long: every store for SECONDS each (make test runs a bounded one).
+# The reliability harness, long: every store (the Redis Cluster too) for SECONDS each (make test runs a
+# bounded one).
 SECONDS ?= 600
 chaos: $(INSTALLED) redis-server postgresql
 	$(PY) -m tests.chaos --store all --seconds $(SECONDS)

@@ -132,7 +132,7 @@ def contend(endpoint: str, table: str, key: str, rounds: int, fast_path: bool, l
             out: Any, ctl: Any) -> None:
     """Acquire ``key`` ``rounds`` times, each time recording (monotonic right after acquire returned,
     monotonic right before leaving the block). Reports ``("done", pid, holds)``; each hold is
-    (acquired, leaving, owner, pid, wait_ms)."""
+    (acquired, leaving, owner, pid, wait_ms, fencing_token)."""
     try:
         from fastlease import SyncDistributedLock
 
@@ -152,11 +152,84 @@ def contend(endpoint: str, table: str, key: str, rounds: int, fast_path: bool, l
                     lease.raise_if_lost()
                     owner = lease.owner
                     leaving = time.monotonic()
-                holds.append((acquired, leaving, owner, os.getpid(), lease.metrics.wait_ms))
+                holds.append((acquired, leaving, owner, os.getpid(), lease.metrics.wait_ms, lease.fencing_token))
                 # Work outside the lease, so that the releasing process does not simply win every
                 # next round with its immediate put while the others are between polls.
                 time.sleep(rng.uniform(0.0, 0.12))
             out.send(("done", os.getpid(), holds))
+        finally:
+            client.close()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        _report_error(out)
+
+
+def warm_up_renewal_process(client: Any, table: str, lease_s: float) -> Optional[int]:
+    """Hold a key of this process's own until the client's renewal process (started at its first lease of
+    1 s or more) has reported ready, so that it renews the leases that follow from their start; its PID.
+    A first lease whose renewal process starts late lapses (safely) before its first renewal: this one
+    may, on a busy machine."""
+    from fastlease import LockLost, SyncDistributedLock
+
+    link = None
+    try:
+        with SyncDistributedLock(client, table=table, key=f"warm-up-{os.getpid()}", lease_duration=lease_s):
+            link = client.engine.link
+            deadline = time.monotonic() + WAIT_S
+            while link is not None and link.pid is None and time.monotonic() < deadline:  # bounded by WAIT_S
+                time.sleep(0.01)  # nothing signals the start: its READY report is read when we look
+    except LockLost:
+        pass
+    return None if link is None else link.pid
+
+
+def hold_keys(table: str, lease_s: float, hold_s: tuple, out: Any, ctl: Any) -> None:
+    """Told (endpoint, keys) first (so that the interpreter starts while the parent starts the store), then,
+    until told "stop": hold one of ``keys`` (drawn at random, so that processes contend) for a time drawn
+    from ``hold_s`` (low, high), looking at the lease every 20 ms. Reports ``("ready", pid, renewal_pid)``
+    once its renewal process runs (:func:`warm_up_renewal_process`), each acquisition at once,
+    ``("held", pid, key, owner, token)``, and at the end ``("done", pid, holds, not_acquired)``, each hold
+    (key, acquired, last_valid, owner, token, exit_cause, lost_causes): ``last_valid`` is the monotonic
+    time of its last check that passed, ``exit_cause`` None for a hold released as held, else the cause of
+    the LockLost it ended with, ``lost_causes`` what ``on_lost`` was called with."""
+    try:
+        from fastlease import LockLost, LockNotAcquired, SyncDistributedLock
+
+        endpoint, keys = _wait_message(ctl)
+        client = fastlease_client(endpoint)
+        try:
+            ready_for(out, ctl, "start", warm_up_renewal_process(client, table, lease_s))
+            rng = random.Random()
+            holds = []
+            not_acquired = 0
+            deadline = time.monotonic() + WAIT_S
+            while not ctl.poll() and time.monotonic() < deadline:  # bounded: "stop", or WAIT_S at most
+                key = rng.choice(keys)
+                lost_causes: list = []
+                guard = SyncDistributedLock(client, table=table, key=key, lease_duration=lease_s,
+                                            wait_timeout=CONTEND_WAIT_S,
+                                            on_lost=lambda lost, causes=lost_causes: causes.append(lost.cause))
+                acquired = last_valid = 0.0
+                token = owner = None
+                exit_cause = None
+                try:
+                    with guard as lease:
+                        acquired = last_valid = time.monotonic()
+                        token, owner = lease.fencing_token, lease.owner
+                        out.send(("held", os.getpid(), key, owner, token))
+                        end = acquired + rng.uniform(*hold_s)
+                        while time.monotonic() < end and not ctl.poll():  # bounded: the hold, or "stop"
+                            lease.raise_if_lost()
+                            last_valid = time.monotonic()
+                            lease.lost.wait(0.02)  # the work done under the lease (woken early by a loss)
+                        lease.raise_if_lost()
+                        last_valid = time.monotonic()
+                except LockNotAcquired:
+                    not_acquired += 1
+                    continue
+                except LockLost as error:
+                    exit_cause = error.cause
+                holds.append((key, acquired, last_valid, owner, token, exit_cause, lost_causes))
+            out.send(("done", os.getpid(), holds, not_acquired))
         finally:
             client.close()
     except BaseException:  # noqa: BLE001 - reported to the parent

@@ -16,7 +16,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None, help="replay a run (each run prints its seed)")
     parser.add_argument("--faults", default="", help="comma-separated fault kinds to inject alone (default: all, "
                         "mixed): kill_holder, kill_waiter, pause_holder, clock_jump, lost_response, late_commit, "
-                        "stall, partition, reset (DynamoDB, Redis), drop_connection (PostgreSQL)")
+                        "stall, partition, reset (DynamoDB, Redis), drop_connection (PostgreSQL, Redis Cluster), "
+                        "migrate_slot (Redis Cluster)")
     args = parser.parse_args()
     failed = False
     for store in (STORES if args.store == "all" else (args.store,)):
@@ -27,6 +28,9 @@ def main() -> int:
         print(f"  errors seen by workers: {report['errors']}", flush=True)
         if "dropped_backends" in report:
             print(f"  backends of holders terminated: {report['dropped_backends']}", flush=True)
+        if "migrations" in report:
+            print(f"  client connections dropped: {report['dropped_clients']}; slot migrations: "
+                  f"{report['migrations']}", flush=True)
         bad = (report["lost_updates"] or report["double_commits"] or report["stale_commits"]
                or report["worst_recovery_s"] > RECOVERY_BOUND_S or report["commits"] == 0)
         failed = failed or bool(bad)

@@ -10,14 +10,21 @@ Faults, one at a time at random moments, from one printed seed:
 * ``drop_connection`` (PostgreSQL): ``pg_terminate_backend`` on every backend of the holder (its
   client's connections, its renewal process's and the counter's, found in ``pg_stat_activity`` by the
   worker's ``application_name``), whatever they are doing: a transaction open then is rolled back;
+* ``drop_connection`` (Redis Cluster): on the node that serves the key's slot, ``CLIENT PAUSE ...
+  WRITE`` for 60 ms (scripts sent meanwhile wait on the server), then ``CLIENT KILL TYPE normal``, which
+  drops every client's connection to it (workers', their renewal processes' and the counter's) with the
+  scripts still waiting unanswered; applied up to 50 ms after it is drawn, as on PostgreSQL;
+* ``migrate_slot`` (Redis Cluster): the key's slot, with the lease, its fencing counter and the guarded
+  counter (which share its hash tag), moves to the next node, as ``redis-cli --cluster reshard`` moves
+  one: clients are sent on by ``ASK``, ``TRYAGAIN`` and then ``MOVED``;
 * ``clock_jump``: every worker's wall clock jumps a lease forward or back (the engine's clock);
 * memory runs its workers as threads: no signals there, so a holder *stalls* past its lease instead,
   and the store's fault hook loses responses and commits late.
 
-On Redis and memory the counter's read is fenced as well as its write (``workload.py`` says why: a
-fence on the write alone lets an old holder's late write and the new holder's write both commit the
-same value); a refused read or write commits nothing and is counted as ``FenceRefused``. SQLite,
-DynamoDB and PostgreSQL commit the write in a transaction that ``check_in`` guards.
+On Redis, Redis Cluster and memory the counter's read is fenced as well as its write (``workload.py``
+says why: a fence on the write alone lets an old holder's late write and the new holder's write both
+commit the same value); a refused read or write commits nothing and is counted as ``FenceRefused``.
+SQLite, DynamoDB and PostgreSQL commit the write in a transaction that ``check_in`` guards.
 
 The checker: the final counter equals the number of commits (no lost update); each value is committed
 once (no double commit); once a lease changes hands, its old owner never commits again (no stale
@@ -47,7 +54,13 @@ SPAWN = multiprocessing.get_context("spawn")
 #: observation after the last renewal seen (lease + lease/3), polls, request timeouts, and a proxy
 #: fault that may overlap (up to 1.2 s).
 RECOVERY_BOUND_S = 2 * workload.LEASE_S + 1.2 + 1.0
-STORES = ("memory", "sqlite", "redis", "dynamodb", "postgres")
+STORES = ("memory", "sqlite", "redis", "redis-cluster", "dynamodb", "postgres")
+#: Faults of one store only, beside the ones every process store gets.
+STORE_FAULTS = {"postgres": ("drop_connection",), "redis-cluster": ("drop_connection", "migrate_slot")}
+#: Redis Cluster's drop_connection: how long the node holds writes before the connections are dropped.
+CLUSTER_DROP_PAUSE_S = 0.06
+#: Holder faults applied up to 50 ms (the work's length) after they are drawn (see _run_processes).
+DELAYED_FAULTS = {"postgres": ("pause_holder", "drop_connection"), "redis-cluster": ("drop_connection",)}
 #: PostgreSQL: the holder's backends, terminated; the count of those it had.
 DROP_BACKENDS = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s"
 
@@ -136,6 +149,13 @@ class _Setup:
                 connection.execute(f"INSERT INTO {workload.COUNTER_TABLE} VALUES (1, 0)")
                 connection.execute(f"CREATE TABLE {workload.COMMITS_TABLE} (value integer, owner text, token bigint)")
             return
+        if store == "redis-cluster":
+            from fastlease.testing.redis_cluster import RedisClusterServer
+
+            # No proxy: each node announces its own address, and clients go to the node that serves the key.
+            self._server = RedisClusterServer()
+            self.target = self.direct = self._server.start()
+            return
         if store == "redis":
             from fastlease.testing.redis_server import RedisServer
 
@@ -174,13 +194,14 @@ class _Setup:
                 (value,) = connection.execute(f"SELECT value FROM {workload.COUNTER_TABLE} WHERE id = 1").fetchone()
                 rows = connection.execute(f"SELECT value, owner, token FROM {workload.COMMITS_TABLE}").fetchall()
                 return value, [tuple(row) for row in rows]
-        if self.store == "redis":
+        if self.store in ("redis", "redis-cluster"):
             import redis
 
-            plain = redis.Redis.from_url(self.direct)
+            plain = redis.Redis.from_url(self.direct) if self.store == "redis" else workload.cluster_client(self.direct)
+            counter, _, log = workload.REDIS_KEYS[self.store]
             try:
-                entries = [entry.decode().split("|") for entry in plain.lrange("chaos:commits", 0, -1)]
-                return int(plain.get("chaos:counter") or 0), [(int(v), o, int(t)) for v, o, t in entries]
+                entries = [entry.decode().split("|") for entry in plain.lrange(log, 0, -1)]
+                return int(plain.get(counter) or 0), [(int(v), o, int(t)) for v, o, t in entries]
             finally:
                 plain.close()
         import boto3
@@ -196,12 +217,32 @@ class _Setup:
         return (int(item["value"]["N"]) if item else 0), commits
 
     def drop_connections(self, pid: int) -> int:
-        """PostgreSQL: terminate every backend of worker ``pid``; how many there were."""
+        """PostgreSQL: terminate every backend of worker ``pid``. Redis Cluster: drop every client connection
+        to the node that serves the key, with the writes sent in the last ``CLUSTER_DROP_PAUSE_S`` waiting
+        on them unanswered (the admin connection that does it is spared). How many there were."""
+        if self.store == "redis-cluster":
+            from fastlease.stores.redis_cluster import key_slot
+
+            admin = self._server.admin(self._server.node_for_slot(key_slot(workload.KEY)))
+            admin.client_pause(int(CLUSTER_DROP_PAUSE_S * 2000), all=False)  # unpaused below, or by itself
+            try:
+                threading.Event().wait(CLUSTER_DROP_PAUSE_S)  # the fault's length: writes pile up meanwhile
+                return int(admin.client_kill_filter(_type="normal"))
+            finally:
+                admin.client_unpause()
         import psycopg
 
         with psycopg.connect(self.direct, autocommit=True, connect_timeout=5) as connection:
             (dropped,) = connection.execute(DROP_BACKENDS, (workload.application_name(pid),)).fetchone()
         return int(dropped)
+
+    def migrate_slot(self) -> None:
+        """Redis Cluster: move the key's slot (its lease, fencing counter and guarded counter) to the next node."""
+        from fastlease.stores.redis_cluster import key_slot
+
+        slot = key_slot(workload.KEY)
+        nodes = self._server.nodes
+        self._server.migrate_slot(slot, to=(nodes.index(self._server.node_for_slot(slot)) + 1) % len(nodes))
 
     def close(self) -> None:
         if self.proxy is not None:
@@ -220,14 +261,13 @@ def _run_processes(setup: _Setup, clock_path: str, seconds: float, count: int, s
     helds: list[tuple[float, str]] = []
     faults: list[tuple[float, str, Optional[str]]] = []  # (time, kind, owner of the holder hit)
     errors: dict[str, int] = {}
-    kills = pauses = jumps = drops = dropped_backends = 0
+    kills = pauses = jumps = drops = dropped_backends = migrations = 0
     resume_at: list[tuple[float, Any]] = []
     next_fault = start + 1.0 + rng.uniform(0.3, 1.0)
     kinds = ["kill_holder", "kill_waiter", "pause_holder", "clock_jump"]
     if setup.proxy is not None:
         kinds += list(PROXY_FAULTS)
-    if setup.store == "postgres":
-        kinds.append("drop_connection")
+    kinds += STORE_FAULTS.get(setup.store, ())
     if only:
         kinds = [kind for kind in kinds if kind in only]
         if not kinds:
@@ -300,7 +340,7 @@ def _run_processes(setup: _Setup, clock_path: str, seconds: float, count: int, s
             if not candidates:
                 continue
             target_worker = rng.choice(candidates)
-        if setup.store == "postgres" and kind in ("pause_holder", "drop_connection") and target_worker is not None:
+        if kind in DELAYED_FAULTS.get(setup.store, ()) and target_worker is not None:
             delayed = (now + rng.uniform(0.0, 0.05), kind, target_worker, owner)
             continue
         if kind in ("kill_holder", "pause_holder") and target_worker is not None:
@@ -319,6 +359,9 @@ def _run_processes(setup: _Setup, clock_path: str, seconds: float, count: int, s
             jumps += 1
         elif kind in PROXY_FAULTS and setup.proxy is not None:
             setup.proxy.set_fault(kind, rng.uniform(0.2, 1.2))
+        elif kind == "migrate_slot":
+            setup.migrate_slot()
+            migrations += 1
         else:
             continue
         faults.append((time.time(), kind, owner))
@@ -332,9 +375,12 @@ def _run_processes(setup: _Setup, clock_path: str, seconds: float, count: int, s
             worker.process.join(10)
         worker.events.close()
     final, commits = setup.outcome()
-    injected = sum(setup.proxy.injected.values()) if setup.proxy is not None else drops
+    injected = sum(setup.proxy.injected.values()) if setup.proxy is not None else drops + migrations
     report = _check(setup.store, seed, final, commits, helds, faults, kills, pauses, jumps, injected, errors)
-    report["dropped_backends"] = dropped_backends
+    if setup.store == "postgres":
+        report["dropped_backends"] = dropped_backends
+    if setup.store == "redis-cluster":
+        report["dropped_clients"], report["migrations"] = dropped_backends, migrations
     return report
 
 

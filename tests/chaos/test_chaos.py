@@ -1,4 +1,4 @@
-"""The bounded chaos run of ``make test`` (about 75 s over the five stores; ``make chaos`` runs long ones),
+"""The bounded chaos run of ``make test`` (about 90 s over the six stores; ``make chaos`` runs long ones),
 plus tests that the checker and the fault proxy can fail, so a clean run means something."""
 
 from __future__ import annotations
@@ -12,22 +12,26 @@ from . import workload
 from .harness import RECOVERY_BOUND_S, _check, run
 from .proxy import FaultProxy
 
-SECONDS = {"memory": 10.0, "sqlite": 14.0, "redis": 14.0, "dynamodb": 16.0, "postgres": 14.0}
+#: Seconds of faults per store. The Redis Cluster's run also starts three nodes (about 3 s).
+SECONDS = {"memory": 10.0, "sqlite": 14.0, "redis": 14.0, "redis-cluster": 9.0, "dynamodb": 16.0, "postgres": 14.0}
 
 
-# Workers are processes (SIGKILL, SIGSTOP) except on memory; DynamoDB, Redis and PostgreSQL run their own
-# servers.
+# Workers are processes (SIGKILL, SIGSTOP) except on memory; DynamoDB, Redis, the Redis Cluster and
+# PostgreSQL run their own servers.
 @pytest.mark.slow
 @pytest.mark.parametrize("store", [
     pytest.param("memory"),
     pytest.param("sqlite", marks=pytest.mark.posix),
     pytest.param("redis", marks=[pytest.mark.server, pytest.mark.posix]),
+    pytest.param("redis-cluster", marks=[pytest.mark.server, pytest.mark.posix]),
     pytest.param("dynamodb", marks=[pytest.mark.server, pytest.mark.posix]),
     pytest.param("postgres", marks=[pytest.mark.server, pytest.mark.posix]),
 ])
 def test_mutual_exclusion_holds_under_faults(store, request):
     if store == "redis":
         request.getfixturevalue("redis_url")  # skips (or fails under CI=true) without a redis-server
+    if store == "redis-cluster":
+        request.getfixturevalue("redis_cluster_url")  # the same without redis-cli or Redis 7
     if store == "postgres":
         request.getfixturevalue("postgres_dsn")  # the same without PostgreSQL
     lines: list[str] = []

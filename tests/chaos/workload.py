@@ -6,14 +6,15 @@ The write commits only under the lease, the way users are told to do it on each 
 * DynamoDB: one ``SyncTransaction`` with ``lease.check_in(tx)``;
 * PostgreSQL: one psycopg transaction with ``lease.check_in(connection)``, which locks the lease row
   in it, so no takeover commits before the transaction ends;
-* Redis and memory: a fencing-token check (a Redis script; a critical section in memory) on the read
-  *and* on the write. The read refuses a token lower than the highest seen and records its own as the
-  highest seen; the write refuses a token lower than the highest seen. Fencing only the write is not
-  enough for a read-modify-write: an old holder (token 1) reads v and is paused past its lease, the new
-  holder (token 2) reads v, the old holder's late write lands first (1 is still the newest token the
-  resource has seen) and writes v+1, then the new holder writes v+1 too: a double commit. The resource
-  must see the token on every access, so the new holder's read raises the highest seen to 2 and the old
-  holder's write is refused. A refused read or write commits nothing; the worker goes on.
+* Redis, Redis Cluster and memory: a fencing-token check (a Redis script; a critical section in
+  memory) on the read *and* on the write. The read refuses a token lower than the highest seen and
+  records its own as the highest seen; the write refuses a token lower than the highest seen. Fencing
+  only the write is not enough for a read-modify-write: an old holder (token 1) reads v and is paused
+  past its lease, the new holder (token 2) reads v, the old holder's late write lands first (1 is still
+  the newest token the resource has seen) and writes v+1, then the new holder writes v+1 too: a double
+  commit. The resource must see the token on every access, so the new holder's read raises the highest
+  seen to 2 and the old holder's write is refused. A refused read or write commits nothing; the worker
+  goes on.
 
 Each commit also appends (value, owner, token) to a commit log in the same atomic write, so commits of
 a worker killed right after are counted. The checker reads the counter and the log afterwards.
@@ -46,6 +47,12 @@ COMMIT_TABLES = 200
 def commits_table(value: int) -> str:
     return f"{COMMITS_TABLE}_{value // COMMITS_PER_TABLE}"
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
+
+#: Redis: the counter, the highest token seen and the commit log, which the fenced scripts below touch
+#: together. On a Redis Cluster they carry the lease's hash tag (the key, ``{counter}``), so that each
+#: script touches one slot, and a migration of the lease's slot moves them along with the lease.
+REDIS_KEYS = {"redis": ("chaos:counter", "chaos:max_token", "chaos:commits"),
+              "redis-cluster": tuple(f"chaos:{{{KEY}}}:{name}" for name in ("counter", "max_token", "commits"))}
 
 #: Redis: the fenced read. KEYS: counter, max token. ARGV: token. The counter's value, or nil (None) for
 #: a token lower than the highest seen; the reader's token becomes the highest seen.
@@ -174,13 +181,15 @@ def _increment_postgres(lease: Any, counter: PostgresCounter, work_s: float) -> 
     return True
 
 
-def _increment_redis(lease: Any, plain: Any) -> bool:
-    """False when the fence refused the read or the write (a newer holder has been seen): no commit."""
-    value = plain.eval(FENCED_READ, 2, "chaos:counter", "chaos:max_token", lease.fencing_token)
+def _increment_redis(lease: Any, plain: Any, keys: tuple[str, str, str]) -> bool:
+    """False when the fence refused the read or the write (a newer holder has been seen): no commit.
+    ``keys``: the store's ``REDIS_KEYS``."""
+    counter, max_token, commits = keys
+    value = plain.eval(FENCED_READ, 2, counter, max_token, lease.fencing_token)
     if value is None:
         return False
-    return bool(plain.eval(FENCED_INCREMENT, 3, "chaos:counter", "chaos:max_token", "chaos:commits",
-                           int(value) + 1, lease.fencing_token, lease.owner))
+    return bool(plain.eval(FENCED_INCREMENT, 3, counter, max_token, commits, int(value) + 1, lease.fencing_token,
+                           lease.owner))
 
 
 class MemoryTarget:
@@ -217,7 +226,7 @@ def make_client(store: str, target: str, clock: Any, plain: Any = None) -> Any:
         from fastlease import SQLiteClient
 
         return SQLiteClient(target, clock=clock)
-    if store == "redis":
+    if store in ("redis", "redis-cluster"):
         from fastlease.redis import RedisClient
 
         return RedisClient(target, clock=clock)
@@ -240,6 +249,8 @@ def plain_client(store: str, target: str) -> Any:
         from redis.retry import Retry
 
         return redis.Redis.from_url(target, retry=Retry(NoBackoff(), 0), socket_timeout=2)
+    if store == "redis-cluster":
+        return cluster_client(target)
     if store == "dynamodb":
         import boto3
         from botocore.config import Config
@@ -249,6 +260,19 @@ def plain_client(store: str, target: str) -> Any:
     if store == "postgres":
         return PostgresCounter(target)
     return None
+
+
+def cluster_client(url: str) -> Any:
+    """redis-py's ``RedisCluster`` on the nodes of a ``redis+cluster://`` URL, resending nothing whose
+    outcome is unknown (no retries after a dropped connection or a timeout; MOVED, ASK and TRYAGAIN, which
+    say that the command did not run, are still followed)."""
+    from redis.backoff import NoBackoff
+    from redis.cluster import ClusterNode, RedisCluster
+    from redis.retry import Retry
+
+    nodes = [ClusterNode(host, int(port)) for host, _, port in
+             (address.rpartition(":") for address in url.split("://", 1)[1].split(","))]
+    return RedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), socket_timeout=2)
 
 
 def work(store: str, target: str, clock_path: Optional[str], stop_at: float, seed: int, events: Any) -> None:
@@ -285,7 +309,7 @@ def work(store: str, target: str, clock_path: Optional[str], stop_at: float, see
                     elif store == "postgres":
                         committed = _increment_postgres(lease, plain, work_s)
                     else:
-                        committed = _increment_redis(lease, plain)
+                        committed = _increment_redis(lease, plain, REDIS_KEYS[store])
                     if not committed:  # the fence refused the read or the write: nothing committed
                         events.put(("error", pid, "FenceRefused", time.time()))
             except (LockLost, LockNotAcquired, FastleaseError, OSError, ValueError) as error:
