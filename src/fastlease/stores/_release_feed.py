@@ -25,14 +25,16 @@ LISTENER_IDLE_EXIT_S = 30.0
 
 class WatchedChannel:
     """One channel's watchers (ident -> what the feed calls), and ``ready``: subscribed, and confirmed
-    by the server, on the current connection. Feeds add their own bookkeeping in subclasses."""
+    by the server, on the current connection; ``wake_at``: when the watched lease expires on the server
+    (monotonic seconds, 0: not known). Feeds add their own bookkeeping in subclasses."""
 
-    __slots__ = ("watchers", "ready", "idle_since")
+    __slots__ = ("watchers", "ready", "idle_since", "wake_at")
 
     def __init__(self) -> None:
         self.watchers: dict[int, Any] = {}
         self.ready = threading.Event()
         self.idle_since = 0.0
+        self.wake_at = 0.0
 
 
 class Watch:
@@ -93,6 +95,27 @@ class ListenerFeed:
         if thread is not None and thread is not threading.current_thread():
             thread.join(5)
 
+    def wake_at_expiry(self, name: Any, delay_s: float) -> None:
+        """The lease watched on channel ``name`` expires on the server in ``delay_s``: wake its watchers
+        then (on the listener thread, within a tick), since no release will be published for a lease that
+        simply expires (its holder crashed). Like a message, only a hint to look again: a wake that comes
+        early finds the lease still there, and the read that found it sets the next one."""
+        with self._lock:
+            channel = self._channels.get(name)
+            if channel is not None and channel.watchers:
+                channel.wake_at = time.monotonic() + delay_s
+
+    def _wake_expired(self) -> None:
+        now = time.monotonic()
+        wakes: list[Callable[[], None]] = []
+        with self._lock:
+            for channel in self._channels.values():
+                if channel.wake_at and channel.wake_at <= now:
+                    channel.wake_at = 0.0
+                    wakes.extend(channel.watchers.values())
+        for wake in wakes:
+            wake()
+
     def _wake_all(self, wakes: list[Callable[[], None]]) -> None:
         """Call the wakes of one message (outside the lock: a wake only sets events)."""
         if wakes:
@@ -115,6 +138,7 @@ class ListenerFeed:
                         backoff_s = 0.05
                     self._send_changes(connection)
                     self._read(connection)
+                    self._wake_expired()
                 except self.listener_errors:
                     if connection is not None:
                         self._disconnect(connection)

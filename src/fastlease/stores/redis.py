@@ -15,7 +15,7 @@ collide whatever ``K`` holds):
 * ``fastlease:T:released:K``, the pub/sub channel that release publishes on (see ``RedisReleaseFeed``).
 
 **Requests.** Each protocol step is one Lua script (``EVALSHA``; on ``NOSCRIPT`` the script is loaded
-and sent again, which is safe because NOSCRIPT means it did not run) or one ``HGETALL``. Every key
+and sent again, which is safe because NOSCRIPT means it did not run) or one ``HGETALL`` (of a record). Every key
 and value travels in KEYS and ARGV, never inside the script text, so a key made of quotes, braces or
 Lua is only bytes. Requests go out on a connection of the calling thread, made with the settings of
 the client's connection pool (address, database, credentials, TLS), with no automatic retry: a
@@ -133,8 +133,15 @@ redis.call('PUBLISH', ARGV[7], '1')
 return 1
 """
 
+#: Observe. KEYS: lease. The lease's fields (an empty list when absent) and its PTTL in ms (-2 when
+#: absent): a waiter on a key whose holder crashed learns when the lease will expire, since nobody
+#: will publish a release for it.
+OBSERVE = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
+"""
+
 SCRIPTS = {"ACQUIRE": ACQUIRE, "TAKE_OVER": TAKE_OVER, "RENEW": RENEW, "MARK_WAITING": MARK_WAITING,
-           "RELEASE": RELEASE, "FINISH": FINISH}
+           "RELEASE": RELEASE, "FINISH": FINISH, "OBSERVE": OBSERVE}
 
 
 class _Script:
@@ -149,16 +156,17 @@ class _Script:
 
 
 class ScriptSet:
-    """The six scripts as one store sends them. ``publish`` replaces the call that RELEASE and FINISH
+    """The seven scripts as one store sends them. ``publish`` replaces the call that RELEASE and FINISH
     wake waiters with (``redis.call('PUBLISH',``); the cluster store's publishes on a shard channel of the
     script's own slot. Nothing else differs."""
 
-    __slots__ = ("acquire", "take_over", "renew", "mark_waiting", "release", "finish", "all")
+    __slots__ = ("acquire", "take_over", "renew", "mark_waiting", "release", "finish", "observe", "all")
 
     def __init__(self, publish: str = "redis.call('PUBLISH',") -> None:
         sources = {name: source.replace("redis.call('PUBLISH',", publish) for name, source in SCRIPTS.items()}
         self.all = tuple(_Script(name, source) for name, source in sources.items())
-        self.acquire, self.take_over, self.renew, self.mark_waiting, self.release, self.finish = self.all
+        (self.acquire, self.take_over, self.renew, self.mark_waiting, self.release, self.finish,
+         self.observe) = self.all
 
 
 NODE_SCRIPTS = ScriptSet()
@@ -305,7 +313,7 @@ def load_redis() -> Any:
 
 
 class RedisStore:
-    """The LockStore adapter for one Redis server: one script or one HGETALL per protocol step."""
+    """The LockStore adapter for one Redis server: one script per protocol step (one HGETALL per record read)."""
 
     blocking = True
     layout: Any = NodeLayout
@@ -539,9 +547,18 @@ class RedisStore:
         return LockRow(owner, "", 0, 0, reply == 2)  # the store contract: only the hint is read
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
-        """HGETALL of the lease: the row, or None if the key is absent. Fields are returned as stored for
-        ``check_row`` to judge; an owner or version that is not UTF-8 raises MalformedLockRow."""
-        return _row(self.call(key, timeout_s, b"HGETALL", self.layout.lease(table, key)), key)
+        """The OBSERVE script: the row, or None if the key is absent. Fields are returned as stored for
+        ``check_row`` to judge; an owner or version that is not UTF-8 raises MalformedLockRow. The lease's
+        PTTL goes to the release feed, which wakes this client's waiters on the key when it expires: a
+        crashed holder is taken over at its lease's end, not at the next poll."""
+        reply = self.run_script(self.scripts.observe, key, timeout_s, (self.layout.lease(table, key),), ())
+        if not isinstance(reply, list) or len(reply) != 2:
+            raise MalformedLockRow(f"Redis OBSERVE of {key!r} gave {reply!r:.100}, not [fields, pttl]", key=key)
+        row = _row(reply[0], key)
+        ttl_ms = reply[1]
+        if row is not None and type(ttl_ms) is int and ttl_ms > 0 and self.release_feed is not None:
+            self.release_feed.wake_at_expiry(self.layout.channel(table, key), ttl_ms / 1000)
+        return row
 
     # ---- idempotency records ------------------------------------------------------------------
     max_result_bytes = 100_000_000  # Redis takes values up to 512 MB; this keeps a reply reasonable
