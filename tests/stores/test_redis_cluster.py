@@ -174,6 +174,8 @@ def woken_by_a_release(holder: RedisClient, waiter_client: RedisClient, key: str
             held.__enter__()
             waiter = Waiter(waiter_client, key)
         wait_until(lambda: feed.subscribed("locks", key), "the waiter's subscription")
+        # Waiting, not about to try: its mark is on the row (a subscription may linger from a round before).
+        wait_until(lambda: [row["waiting"] for row in holder.inspect("locks", key)] == [True], "the waiter's mark")
         released_at = time.monotonic()
         held.__exit__(None, None, None)
         waiter.join()
