@@ -325,6 +325,9 @@ def test_a_thousand_random_cancellations_leave_no_guard_and_no_row(make_client, 
     assert outcomes["cancelled"] > 100 and outcomes["completed"] > 50  # the storm hit both paths
 
 
+# The compiled engine only: both engines meet the storm on the memory store above (one source, one
+# cancellation path); what this adds is a real store's requests, timeouts and latency under it.
+@pytest.mark.parametrize("core", ["c"], indirect=True)
 def test_random_cancellations_against_the_dynamodb_server(moto_endpoint, moto_session, core):
     from fastlease.dynamodb import DynamoDBClient
 
