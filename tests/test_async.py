@@ -318,6 +318,7 @@ def cancellation_storm(client_factory, store_rows, *, tasks=1000, seed=None):
     return guards, overlaps, outcomes
 
 
+@pytest.mark.slow  # a fuzz test: 1000 random cancellations, 8-11 s per engine here
 def test_a_thousand_random_cancellations_leave_no_guard_and_no_row(make_client, store):
     guards, overlaps, outcomes = cancellation_storm(make_client, lambda: store.rows("locks"))
     assert overlaps == []
