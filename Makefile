@@ -6,6 +6,9 @@ INSTALLED := $(VENV)/.installed
 # The version-dependent tests (pytest -m all_pythons) also run on these pyenv versions, after the main
 # suite, each in a venv of its own made with that interpreter: .venv-3.12 for 3.12.1. EXTRA_PYTHONS= runs none.
 EXTRA_PYTHONS ?= 3.12.1 3.13.0
+# The files that hold the all_pythons tests: those runs collect only these (collecting the whole suite to
+# select a few files' tests took 5 s per interpreter). tests/test_all_pythons.py checks that no other has any.
+ALL_PYTHONS_TESTS := tests/test_all_pythons.py tests/test_renewal_gil.py tests/test_renewal_process.py
 # What an install builds from: a change to any of them reinstalls (and so rebuilds) every venv's core.
 BUILD_INPUTS := pyproject.toml setup.py src/fastlease/_core.pyx src/fastlease/_core.pxd \
 	src/fastlease/_engine.py src/fastlease/_engine.pxd
@@ -66,7 +69,8 @@ test-all-pythons: $(INSTALLED)
 		case " $$missing " in *" $$version "*) continue;; esac; \
 		venv=.venv-$${version%.*}; \
 		$(MAKE) --no-print-directory -q $$venv/.installed || $(MAKE) --no-print-directory $$venv/.installed || exit 1; \
-		echo "$$venv/bin/python -m pytest -m all_pythons"; $$venv/bin/python -m pytest -m all_pythons || exit 1; \
+		echo "$$venv/bin/python -m pytest -m all_pythons $(ALL_PYTHONS_TESTS)"; \
+		$$venv/bin/python -m pytest -m all_pythons $(ALL_PYTHONS_TESTS) || exit 1; \
 	done
 
 # Shell: the executable $(1) (or $$$(2) set) is there; else, as root with apt-get, install the Debian

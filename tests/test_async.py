@@ -318,6 +318,7 @@ def cancellation_storm(client_factory, store_rows, *, tasks=1000, seed=None):
     return guards, overlaps, outcomes
 
 
+@pytest.mark.slow  # a fuzz test: 1000 random cancellations, 8-11 s per engine here
 def test_a_thousand_random_cancellations_leave_no_guard_and_no_row(make_client, store):
     guards, overlaps, outcomes = cancellation_storm(make_client, lambda: store.rows("locks"))
     assert overlaps == []
@@ -325,6 +326,9 @@ def test_a_thousand_random_cancellations_leave_no_guard_and_no_row(make_client, 
     assert outcomes["cancelled"] > 100 and outcomes["completed"] > 50  # the storm hit both paths
 
 
+# The compiled engine only: both engines meet the storm on the memory store above (one source, one
+# cancellation path); what this adds is a real store's requests, timeouts and latency under it.
+@pytest.mark.parametrize("core", ["c"], indirect=True)
 def test_random_cancellations_against_the_dynamodb_server(moto_endpoint, moto_session, core):
     from fastlease.dynamodb import DynamoDBClient
 

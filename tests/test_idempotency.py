@@ -47,6 +47,7 @@ class Store:
         self.lock_table = self.table + "_locks"
         self.clients: list[Any] = []
         self._memory = MemoryClient() if kind == "memory" else None
+        self._session: Any = None  # DynamoDB: the session's boto3 session (a new one parses botocore's models)
         if kind == "memory":
             self.target = None
         elif kind == "sqlite":
@@ -62,13 +63,21 @@ class Store:
                 self.target = request.getfixturevalue("postgres_db")
             else:
                 self.target = request.getfixturevalue("moto_endpoint")
-                request.getfixturevalue("moto_session")
+                self._session = request.getfixturevalue("moto_session")
             client = self.client()
             client.create_idempotency_table(self.table)
             client.create_lock_table(self.lock_table)
 
     def client(self) -> Any:
-        client = self._memory if self._memory is not None else mp_workers.fastlease_client(self.target)
+        """A client of this test's store in this process (other processes use ``mp_workers.fastlease_client``)."""
+        if self._memory is not None:
+            client = self._memory
+        elif self._session is not None:
+            from fastlease.dynamodb import DynamoDBClient
+
+            client = DynamoDBClient(session=self._session, endpoint_url=self.target)
+        else:
+            client = mp_workers.fastlease_client(self.target)
         self.clients.append(client)
         return client
 

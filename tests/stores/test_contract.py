@@ -28,17 +28,14 @@ def memory_store() -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def dynamodb_mock_store() -> Iterator[Any]:
+def dynamodb_mock_store(request: pytest.FixtureRequest) -> Iterator[Any]:
     """DynamoDB through boto3 under moto's in-process mock_aws."""
-    import boto3
     from moto import mock_aws
 
     from fastlease.dynamodb import DynamoDBClient
 
     with mock_aws():
-        session = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
-                                        region_name="us-east-1")
-        client = DynamoDBClient(session=session)
+        client = DynamoDBClient(session=request.getfixturevalue("in_process_aws_session"))
         assert client.transport == "fast"  # answered in-process through before-send
         for table in ("locks", "other"):
             client.create_lock_table(table)
@@ -127,7 +124,7 @@ def postgres_store(request: pytest.FixtureRequest) -> Iterator[Any]:
 #: and the record table RECORDS.
 STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "memory": lambda request: memory_store(),
-    "dynamodb-mock": lambda request: dynamodb_mock_store(),
+    "dynamodb-mock": dynamodb_mock_store,
     "dynamodb-server": dynamodb_server_store,
     "dynamodb-server-boto3": lambda request: dynamodb_server_store(request, fast_path=False),
     "sqlite": sqlite_store,

@@ -20,9 +20,9 @@ REGION = "us-east-1"
 
 
 @pytest.fixture
-def aws():
+def aws(in_process_aws_session):
     with mock_aws():
-        yield boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION)
+        yield in_process_aws_session
 
 
 @pytest.fixture(params=["fast", "boto3"])
