@@ -329,7 +329,7 @@ def _script_calls(entries: list[dict[str, Any]], name: str, key: str) -> list[in
     """Positions in ``entries`` of the calls of script ``name`` (RENEW, RELEASE ...) on lock ``key``."""
     from fastlease.stores import redis as store
 
-    script = next(s for s in store._ALL_SCRIPTS if s.name == name)
+    script = next(s for s in store.NODE_SCRIPTS.all if s.name == name)
     prefix = f"EVALSHA {script.sha.decode()} 1 {store.lease_key('locks', key).decode()} "
     return [i for i, entry in enumerate(entries) if entry["command"].startswith(prefix)]
 
