@@ -67,7 +67,18 @@ def unescape_key(escaped: bytes) -> bytes:
 
 def key_slot(key: str) -> int:
     """The cluster slot of every Redis key of lock key ``key`` (CRC16-XMODEM of its tag, mod 16384)."""
-    return binascii.crc_hqx(escape_key(key), 0) % SLOTS
+    return tag_slot(escape_key(key))
+
+
+def tag_slot(tag: bytes) -> int:
+    """The slot of a hash tag's contents (an escaped key, as in every name of ``ClusterLayout``)."""
+    return binascii.crc_hqx(tag, 0) % SLOTS
+
+
+def name_slot(name: bytes) -> int:
+    """The slot of a name of ``ClusterLayout`` (a key or a shard channel): that of its tag."""
+    start = name.index(b"{") + 1
+    return tag_slot(name[start:name.index(b"}", start)])
 
 
 def _cluster_name(table: str, key: str, kind: str) -> bytes:
@@ -117,6 +128,7 @@ class RedisClusterStore(RedisStore):
 
     layout: Any = ClusterLayout
     scripts = CLUSTER_SCRIPTS
+    name_slot = staticmethod(name_slot)  # for the feed, which routes its shard channels by slot
 
     def __init__(self, startup_nodes: Sequence[Address], connection_class: Any, connection_kwargs: dict[str, Any],
                  address_remap: Optional[Callable[[Address], Address]] = None) -> None:

@@ -16,7 +16,6 @@ stops subscribing, logs it once, and every waiter polls.
 
 from __future__ import annotations
 
-import binascii
 import logging
 import time
 from typing import Any, Callable
@@ -31,12 +30,6 @@ _log = logging.getLogger("fastlease.stores.redis")
 
 #: How long the listener may spend fetching the slot map for a subscription.
 MAP_TIMEOUT_S = 1.0
-
-
-def _slot_of(channel: bytes) -> int:
-    """The slot of a shard channel ``fastlease:{E}:T:released`` (the slot of its tag, as for every key)."""
-    start = channel.index(b"{") + 1
-    return binascii.crc_hqx(channel[start:channel.index(b"}", start)], 0) % 16384
 
 
 class _Channel(WatchedChannel):
@@ -136,7 +129,7 @@ class RedisClusterReleaseFeed(ListenerFeed):
                 connection.send_command(b"SUNSUBSCRIBE", name, check_health=False)
         for name in subscribe:
             deadline = time.monotonic() + MAP_TIMEOUT_S
-            node = self._store.node_for(_slot_of(name), "", deadline)
+            node = self._store.node_for(self._store.name_slot(name), "", deadline)
             connection = links.by_node.get(node)
             if connection is None:
                 connection = self._store.new_connection(resp2=True, address=node)
