@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed
 EXTRA_PYTHONS ?= 3.12.1 3.13.0
 # The files that hold the all_pythons tests: those runs collect only these (collecting the whole suite to
 # select a few files' tests took 5 s per interpreter). tests/test_all_pythons.py checks that no other has any.
-ALL_PYTHONS_TESTS := tests/test_all_pythons.py tests/test_renewal_gil.py tests/test_renewal_process.py
+ALL_PYTHONS_TESTS := tests/test_all_pythons.py tests/test_pulse.py tests/test_renewal_gil.py tests/test_renewal_process.py
 # What an install builds from: a change to any of them reinstalls (and so rebuilds) every venv's core.
 BUILD_INPUTS := pyproject.toml setup.py src/fastlease/_core.pyx src/fastlease/_core.pxd \
 	src/fastlease/_engine.py src/fastlease/_engine.pxd

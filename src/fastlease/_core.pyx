@@ -18,6 +18,8 @@ from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeASCII
 from libc.errno cimport errno
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, strdup
+from posix.types cimport pid_t
+from posix.unistd cimport getpid
 
 import os
 
@@ -144,14 +146,20 @@ cdef extern from *:
     #define FL_WRITE_MAX 4096
     #define FL_BUFFER_MAX (16u << 20)
 
+    /* Ownership: the struct has two references, the Python object's (dropped only by its
+       __dealloc__, so never while one of its methods runs) and the thread's (dropped when it exits).
+       Each is dropped under the struct's mutex, and whoever drops the last one frees the struct.
+       close() only sets `stop` and closes the pipe, under that mutex: every method, whichever thread
+       calls it and whenever close() or the thread's exit happen, finds the struct allocated. */
     typedef struct {
     #if FL_HAVE_PULSE
         pthread_mutex_t mutex;
     #endif
-        int fd;
+        int fd;              /* -1 once closed */
         int interval_ms;
         int refs;            /* the Python object and the thread; the last one frees */
         int stop;
+        uint64_t next_id;    /* the last frame id handed out (fl_pulse_reserve_id) */
         uint64_t pulses;     /* pulse frames written */
         char *buf;           /* staged frames, whole frames from offset 0 */
         size_t len, cap;
@@ -190,15 +198,26 @@ cdef extern from *:
                 free(p->argv);
             }
             pthread_mutex_destroy(&p->mutex);
-            close(p->fd);
+            if (p->fd >= 0) close(p->fd);
             free(p->buf);
             free(p);
+        }
+    }
+
+    /* Under the mutex: stop, drop what is staged, close the pipe (the renewal process sees EOF). */
+    static void fl_stop_locked(fl_pulse *p) {
+        p->stop = 1;
+        p->len = 0;
+        if (p->fd >= 0) {
+            close(p->fd);
+            p->fd = -1;
         }
     }
 
     /* Under the mutex: write whole staged frames while the pipe takes them. */
     static void fl_flush_locked(fl_pulse *p) {
         size_t done = 0;
+        if (p->fd < 0) return;
         while (done < p->len) {
             size_t chunk = 0;
             ssize_t wrote;
@@ -317,6 +336,20 @@ cdef extern from *:
     #endif
     }
 
+    /* A frame id never handed out before by this pulse (ids start at 1; 0 is the pulse frame). */
+    static uint64_t fl_pulse_reserve_id(fl_pulse *p) {
+    #if FL_HAVE_PULSE
+        uint64_t id;
+        pthread_mutex_lock(&p->mutex);
+        id = ++p->next_id;
+        pthread_mutex_unlock(&p->mutex);
+        return id;
+    #else
+        (void)p;
+        return 0;
+    #endif
+    }
+
     static int fl_pulse_stage(fl_pulse *p, uint64_t id, const char *data, size_t size) {
     #if FL_HAVE_PULSE
         int ok = -1;
@@ -380,16 +413,28 @@ cdef extern from *:
        be held by a thread that does not exist here). */
     static void fl_pulse_forget(fl_pulse *p) {
     #if FL_HAVE_PULSE
-        close(p->fd);
+        if (p->fd >= 0) close(p->fd);
     #else
         (void)p;
     #endif
     }
 
+    /* close(): the thread stops within one interval; the struct stays until both references go. */
     static void fl_pulse_stop(fl_pulse *p) {
     #if FL_HAVE_PULSE
         pthread_mutex_lock(&p->mutex);
-        p->stop = 1;
+        fl_stop_locked(p);
+        pthread_mutex_unlock(&p->mutex);
+    #else
+        (void)p;
+    #endif
+    }
+
+    /* The Python object's reference, dropped by its __dealloc__ only. */
+    static void fl_pulse_release(fl_pulse *p) {
+    #if FL_HAVE_PULSE
+        pthread_mutex_lock(&p->mutex);
+        fl_stop_locked(p);
         fl_unref_locked_and_unlock(p);
     #else
         (void)p;
@@ -404,7 +449,9 @@ cdef extern from *:
     int fl_pulse_stage(fl_pulse* p, unsigned long long id, const char* data, size_t size) nogil
     int fl_pulse_unstage(fl_pulse* p, unsigned long long id) nogil
     unsigned long long fl_pulse_count(fl_pulse* p) nogil
+    unsigned long long fl_pulse_reserve_id(fl_pulse* p) nogil
     void fl_pulse_stop(fl_pulse* p) nogil
+    void fl_pulse_release(fl_pulse* p) nogil
     void fl_pulse_forget(fl_pulse* p) nogil
 
 
@@ -415,9 +462,10 @@ cdef class Pulse:
     which inherits the two fds of ``give`` (made inheritable; the pulse closes them once it has).
     ``native`` is True: it keeps going while another thread holds the GIL."""
 
+    # Set once by __cinit__; only __dealloc__ drops the reference (and a forked child, at fork, while
+    # it has one thread, forgets it): no method can find it freed, or NULL once it was not.
     cdef fl_pulse* _pulse
-    cdef long _pid
-    cdef unsigned long long _next_id
+    cdef pid_t _pid
     cdef readonly dict leases  # registration id -> lease, for the leases registered through register()
     native = True
 
@@ -446,8 +494,7 @@ cdef class Pulse:
                     i += 1
                 free(c_argv)
             raise OSError(errno, "could not start the renewal pulse thread")
-        self._pid = os.getpid()
-        self._next_id = 0
+        self._pid = getpid()
         self.leases = {}
 
     def register(self, lease, str table, str key, str owner, str version, long long lease_ms, fence,
@@ -481,8 +528,7 @@ cdef class Pulse:
             memcpy(frame + at, &sizes[i], 2)  # little-endian u16 (the suite runs on x86-64 and arm64)
             memcpy(frame + at + 2, parts[i], sizes[i])
             at += 2 + sizes[i]
-        self._next_id += 1
-        frame_id = self._next_id
+        frame_id = fl_pulse_reserve_id(self._pulse)
         self.leases[frame_id] = lease  # before staging: its first report may come at once
         with nogil:
             ok = fl_pulse_stage(self._pulse, frame_id, frame, at)
@@ -505,12 +551,13 @@ cdef class Pulse:
 
     @property
     def child(self):
-        """The started process's id; 0 while not started yet, or negative (-errno) if it failed."""
+        """The started process's id (also after close()); 0 while not started yet, or negative
+        (-errno) if it failed."""
         return fl_pulse_child(self._pulse) if self._usable() else 0
 
     cdef bint _usable(self):
         # In a forked child the thread does not exist and its mutex may be held: never touch it.
-        return self._pulse != NULL and self._pid == os.getpid()
+        return self._pulse != NULL and self._pid == getpid()
 
     def stage(self, unsigned long long frame_id, bytes payload):
         """Queue a frame for the next pulse; False if it cannot be (too big, the pulse stopped)."""
@@ -538,17 +585,20 @@ cdef class Pulse:
         return fl_pulse_count(self._pulse) if self._usable() else 0
 
     def forget_in_child(self):
-        """In a forked child: close this process's copy of the pipe, and never use the pulse again."""
-        if self._pulse != NULL and self._pid != os.getpid():
+        """In a forked child (from an at-fork handler, while the child has one thread): close this
+        process's copy of the pipe, and never use the pulse again."""
+        if self._pulse != NULL and self._pid != getpid():
             fl_pulse_forget(self._pulse)
             self._pulse = NULL
 
     def close(self):
-        """Stop the thread (within one interval); staged frames are dropped. Idempotent."""
+        """Stop the thread (within one interval) and close the pipe; staged frames are dropped. Safe
+        from any thread, during any other method, and more than once; afterwards nothing more is
+        staged or written."""
         if self._usable():
-            fl_pulse_stop(self._pulse)
-        self._pulse = NULL
+            with nogil:
+                fl_pulse_stop(self._pulse)
 
     def __dealloc__(self):
-        if self._pulse != NULL and self._pid == os.getpid():
-            fl_pulse_stop(self._pulse)
+        if self._pulse != NULL and self._pid == getpid():
+            fl_pulse_release(self._pulse)

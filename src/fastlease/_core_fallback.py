@@ -97,10 +97,19 @@ class Pulse:
     def forget_in_child(self) -> None:
         if self._pid != os.getpid() and not self._stop.is_set():
             self._stop.set()
-            os.close(self._fd)
+            self._close_fd_locked()  # (at fork, in the child's only thread: the lock may be the parent's)
 
     def close(self) -> None:
-        self._stop.set()
+        """As ``_core.Pulse.close``: stop, drop what is staged and close the pipe, from any thread."""
+        with self._lock:
+            self._stop.set()
+            self._staged.clear()
+            self._close_fd_locked()
+
+    def _close_fd_locked(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def _run(self) -> None:
         if self._argv is not None:
@@ -114,6 +123,8 @@ class Pulse:
         try:
             while not self._stop.wait(self._interval_s):
                 with self._lock:
+                    if self._fd < 0:
+                        break
                     frames = self._staged or [(0, b"")]
                     while frames:
                         frame_id, payload = frames[0]
@@ -125,7 +136,8 @@ class Pulse:
                             self._pulses += 1
                         frames.pop(0)
         finally:
-            os.close(self._fd)
+            with self._lock:
+                self._close_fd_locked()
 
 
 #: Frames up to this size are written whole (PIPE_BUF), so they are never split.

@@ -188,7 +188,7 @@ class RenewalLink:
         for lease in leases:
             lease.delegation_ended()
         self._close_socket()
-        self._reap_starter(wait_s=1.0)  # (before the pulse closes: a closed pulse reports no child)
+        self._reap_starter(wait_s=1.0)
         if self._pulse is not None:
             self._pulse.close()
 
