@@ -275,6 +275,25 @@ def test_release_failure_raises_lock_release_error(make_client, clock, faults, s
     assert "k" in store.rows("locks")  # left for recovery by observation
 
 
+@pytest.mark.parametrize("how", ["lapsed in the block", "raise_if_lost raised"])
+def test_release_failure_after_ownership_ended_raises_lock_lost_with_the_release_error(
+    make_client, clock, faults, store, how
+):
+    client = make_client(clock=clock)
+    faults.add("delete_if_owner", "unavailable", times=-1)
+    guard = SyncDistributedLock(client, table="locks", key="k", lease_duration=1)
+    with pytest.raises(LockLost) as info:
+        with guard as lease:
+            clock.jump_wall(-1)  # validity ends at once
+            if how == "raise_if_lost raised":
+                with pytest.raises(LockLost):
+                    lease.raise_if_lost()
+    assert info.value.cause == "expired" and info.value.key == "k"
+    assert "release stayed unconfirmed" in str(info.value)
+    assert isinstance(info.value.__cause__, LockReleaseError)
+    assert guard.metrics.cleanup_failures == 1
+
+
 def test_release_failure_while_body_raises_is_attached_as_a_note(make_client, clock, faults):
     client = make_client(clock=clock)
     faults.add("delete_if_owner", "unavailable", times=-1)

@@ -1252,8 +1252,9 @@ class Lease:
     def release(self) -> None:
         """HELD/LOST -> RELEASED (or stays LOST). Raises LockLost if ownership ended before the
         release: the row was no longer ours (``stolen``), or validity lapsed while the block ran (the
-        row, still ours, is deleted; another owner may have acted meanwhile); LockReleaseError if the
-        delete stayed unconfirmed."""
+        row, still ours, is deleted; another owner may have acted meanwhile), also when the delete then
+        stayed unconfirmed (the LockReleaseError is its ``__cause__``); LockReleaseError if the delete of a
+        valid lease stayed unconfirmed."""
         check_not_forked(self._pid)  # a forked child must not delete the row its parent still holds
         lapsed = synced = False
         while True:  # at most twice: again only after the renewal process's reports are applied
@@ -1284,6 +1285,18 @@ class Lease:
         budget_ns = cleanup_budget_ns(self.lease_ms)
         try:
             deleted = self._delete_owned(self.owner, budget_ns, raise_on_failure=True)
+        except LockReleaseError as failure:
+            # Ownership had already ended (lost or lapsed): what the caller must hear is LockLost, with
+            # the unconfirmed release as its cause; only a release of a valid lease is LockReleaseError.
+            raised: BaseException = failure
+            if self.lost_cause is not None:
+                raised = LockLost(f"lease on {self.key!r} in table {self.table!r} was lost ({self.lost_cause}) "
+                                  f"before the block ended, and its release stayed unconfirmed: {failure}",
+                                  key=self.key, cause=self.lost_cause)
+                raised.__cause__ = failure
+            if self._observed is not None:
+                self._hold_ended(raised)
+            raise raised
         except BaseException as failure:
             if self._observed is not None:
                 self._hold_ended(failure)
