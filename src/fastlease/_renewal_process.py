@@ -54,24 +54,32 @@ class Pulses:
 
 
 class GatedStore:
-    """The store, for the two requests renewal makes, refused while the holder sends no pulse."""
+    """The store, for the two requests renewal makes, refused while the holder sends no pulse.
+
+    ``paused`` holds the (table, key) of leases whose last request was refused so: if such a lease
+    lapses, its holder was stopped (SIGSTOP, a frozen Lambda), not cut off from the store, and the
+    loss is reported ``expired`` (the failure model's cause for a paused holder), not ``unreachable``.
+    """
 
     def __init__(self, store: Any, pulses: Pulses) -> None:
         self.store = store
         self._pulses = pulses
+        self.paused: set[tuple[str, str]] = set()  # written by the renewal workers, read by _lost
 
-    def _check(self) -> None:
+    def _check(self, table: str, key: str) -> None:
         if not self._pulses.fresh():
+            self.paused.add((table, key))
             raise StoreError(f"no pulse from the holder for {PULSE_SILENCE_MS} ms (stopped or frozen): "
                              "not renewing", maybe_committed=False)
+        self.paused.discard((table, key))
 
     def read(self, table: str, key: str, timeout_s: float, usage: Any) -> Any:
-        self._check()
+        self._check(table, key)
         return self.store.read(table, key, timeout_s, usage)
 
     def update_version_if(self, table: str, key: str, owner: str, version: str, new_version: str,
                           timeout_s: float, usage: Any) -> bool:
-        self._check()
+        self._check(table, key)
         return bool(self.store.update_version_if(table, key, owner, version, new_version, timeout_s, usage))
 
 
@@ -119,7 +127,8 @@ class RenewalProcess:
         self.store = build_store(config, credentials)
         core = _impl.core
         self._core = core
-        self.engine = core.Engine(GatedStore(self.store, self._pulses), None, core.ObservationCache(16))
+        self._gate = GatedStore(self.store, self._pulses)
+        self.engine = core.Engine(self._gate, None, core.ObservationCache(16))
         self.engine.renewal_listener = self._renewed
         self._client = types.SimpleNamespace(engine=self.engine)
         threading.Thread(target=self._send_reports, name="fastlease-renewal-reports", daemon=True).start()
@@ -159,6 +168,8 @@ class RenewalProcess:
         lease = self._forget(link_id)
         if lease is None:
             return
+        if cause == "unreachable" and (lease.table, lease.key) in self._gate.paused:
+            cause = "expired"  # its renewals were held back because the holder was stopped
         _, _, _, counters = lease.renewal_state()
         self._report(link_id, (LOST, link_id, cause, 0, 0, counters))
 
