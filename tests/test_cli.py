@@ -31,9 +31,10 @@ def fastlease(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpr
                           timeout=TIMEOUT_S, env={**os.environ, **(env or {})})
 
 
-def one_line_error(result: subprocess.CompletedProcess, text: str) -> None:
-    """A user error: exit 1, nothing on stdout, one line on stderr naming the problem, no traceback."""
-    assert result.returncode == 1, result
+def one_line_error(result: subprocess.CompletedProcess, text: str, status: int = 1) -> None:
+    """A user error: exit 1 (2 for a bad command line), nothing on stdout, one line on stderr naming the
+    problem, no traceback."""
+    assert result.returncode == status, result
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert text in result.stderr, result.stderr
@@ -90,14 +91,23 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
                    "no SQLite lock file at 'missing.db'")
     (tmp_path / "corrupt.db").write_bytes(b"not a database, only text " * 300)
     one_line_error(fastlease("list", "--table", "locks", "--path", "corrupt.db", cwd=tmp_path), "is unusable")
-    one_line_error(fastlease("list", "--table", "locks", "--store", "nope", cwd=tmp_path), "unknown store 'nope'")
-    one_line_error(fastlease("demo", "--store", "nope", cwd=tmp_path), "unknown store 'nope'")
+    one_line_error(fastlease("list", "--table", "locks", "--store", "nope", cwd=tmp_path), "unknown store 'nope'", 2)
+    one_line_error(fastlease("demo", "--store", "nope", cwd=tmp_path), "unknown store 'nope'", 2)
     one_line_error(fastlease("status", "k", "--table", "locks", "--store", "redis", "--url",
                              "redis://:pw-secret@127.0.0.1:1/0", cwd=tmp_path), "127.0.0.1:1/0")
     one_line_error(fastlease("list", "--table", "locks", "--store", "redis", "--url", "http://x", cwd=tmp_path),
-                   "bad Redis URL")
+                   "bad Redis URL", 2)
+    one_line_error(fastlease("list", "--table", "locks", "--store", "redis", "--url", "http://x", cwd=tmp_path),
+                   "a Redis Cluster takes redis+cluster://host:port", 2)
     one_line_error(fastlease("demo", "--path", str(tmp_path / "no-dir" / "x.db"), cwd=tmp_path), "does not exist")
-    one_line_error(fastlease("demo", "--workers", "1", cwd=tmp_path), "--workers must be an integer from 2 to 64")
+    one_line_error(fastlease("demo", "--workers", "1", cwd=tmp_path), "--workers must be an integer from 2 to 64", 2)
+    one_line_error(fastlease("demo", "--seconds", "1", cwd=tmp_path), "--seconds must be from 2 to 600", 2)
+    one_line_error(fastlease("list", "--table", "locks", "--path", "/nonexistent/dir/x.db", cwd=tmp_path),
+                   "no SQLite lock file at '/nonexistent/dir/x.db' (its directory '/nonexistent/dir' does not exist")
+    given = fastlease("list", "--table", "locks", "--path", "never.db", cwd=tmp_path)
+    one_line_error(given, "no lease has used that file yet, or the path is wrong")
+    assert "pass --path" not in given.stderr  # it was passed
+    one_line_error(fastlease("list", "--table", "locks", cwd=tmp_path), "pass --path with the file")
     usage = fastlease("status", cwd=tmp_path)  # a bad command line: argparse's usage message, exit 2
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
 
@@ -472,8 +482,21 @@ def test_create_table_on_postgres_makes_the_lock_table_and_a_rerun_does_nothing(
 def test_create_table_stays_dynamodb_by_default_and_makes_no_other_stores_tables(tmp_path):
     parsed = cli._parser().parse_args(["create-table", "locks"])
     assert cli.store_options(parsed).store == "dynamodb"
-    refused = fastlease("create-table", "locks", "--store", "sqlite", cwd=tmp_path)
-    assert refused.returncode == 2 and "invalid choice: 'sqlite'" in refused.stderr
+    for store, text in (("sqlite", "SQLite needs no lock table made"), ("redis", "Redis needs no lock table made")):
+        said = fastlease("create-table", "locks", "--store", store, cwd=tmp_path)
+        assert (said.returncode, said.stderr) == (0, ""), said
+        assert said.stdout.startswith(text) and said.stdout.endswith("; nothing to do\n"), said.stdout
+    assert list(tmp_path.iterdir()) == []  # no file, no server reached
+    one_line_error(fastlease("create-table", "locks", "--store", "nosuch", cwd=tmp_path), "unknown store 'nosuch'", 2)
+
+
+def test_a_postgres_table_name_longer_than_it_keeps_is_a_bad_command_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    name = "t" * 77
+    for argv in (["create-table", name], ["list", "--table", name], ["status", "k", "--table", name]):
+        assert cli.main([*argv, "--store", "postgres", "--dsn", "postgresql://app@127.0.0.1:1/app"]) == 2
+        captured = capsys.readouterr()
+        assert captured.err.count("\n") == 1 and "at most 63 characters" in captured.err, captured
 
 
 @pytest.mark.parametrize("argv", [["status", "k", "--table", "locks"], ["list", "--table", "locks"],
@@ -534,7 +557,9 @@ def test_create_table_status_and_list_on_dynamodb(tmp_path, moto_endpoint, moto_
     created = fastlease("create-table", table, *endpoint, "--json", cwd=tmp_path, env=env)
     assert created.returncode == 0, created.stderr
     assert json.loads(created.stdout) == {"created": table}
-    one_line_error(fastlease("create-table", table, *endpoint, cwd=tmp_path, env=env), "already exists")
+    again = fastlease("create-table", table, *endpoint, cwd=tmp_path, env=env)  # a rerun: fine, as on PostgreSQL
+    assert (again.returncode, again.stdout) == (
+        0, f"lock table {table!r} already exists with fastlease's key schema; nothing to do\n"), again
     client = DynamoDBClient(session=moto_session, endpoint_url=moto_endpoint)
     try:
         with SyncDistributedLock(client, table=table, key="job") as lease:
@@ -547,6 +572,32 @@ def test_create_table_status_and_list_on_dynamodb(tmp_path, moto_endpoint, moto_
             assert listed.stdout.startswith(f"job: held by {lease.owner}, lease 30 s, protocol 1")
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("store", [pytest.param("postgres", marks=pytest.mark.server),
+                                   pytest.param("dynamodb", marks=pytest.mark.server)])
+def test_operator_commands_on_a_missing_table_name_it_and_how_to_create_it(tmp_path, request, store):
+    if store == "postgres":
+        options, env, named = ["--store", "postgres", "--dsn", request.getfixturevalue("postgres_db")], {}, '"nosuch"'
+    else:
+        options = ["--store", "dynamodb", "--endpoint-url", request.getfixturevalue("moto_endpoint"),
+                   "--region", "us-east-1"]
+        env, named = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}, "'nosuch'"
+    for argv in (["status", "job", "--table", "nosuch"], ["list", "--table", "nosuch"],
+                 ["release", "job", "--table", "nosuch", "--force"]):
+        result = fastlease(*argv, *options, cwd=tmp_path, env=env)
+        one_line_error(result, named)
+        assert "does not exist" in result.stderr and "create_lock_table" in result.stderr, result.stderr
+
+
+def test_dynamodb_without_a_region_says_to_pass_region(tmp_path):
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("AWS_DEFAULT_REGION", "AWS_REGION", "AWS_PROFILE")}
+    env.update(AWS_CONFIG_FILE=str(tmp_path / "config"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "credentials"))
+    result = subprocess.run([sys.executable, "-m", "fastlease", "list", "--table", "locks", "--store", "dynamodb"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=TIMEOUT_S, env=env)
+    one_line_error(result, "--store dynamodb needs an AWS Region and none is configured: pass --region")
+    assert "region_name" not in result.stderr
 
 
 def test_a_read_only_lock_file_is_one_line_error(tmp_path, read_only_file):
@@ -564,9 +615,9 @@ def test_the_command_and_the_demo_build_no_client_of_their_own():
         assert not CLIENT_CLASSES.findall(source), f"{module.__name__} builds a client itself; use client_from_options"
 
 
-def error_of(capsys, *argv: str) -> str:
+def error_of(capsys, *argv: str, status: int = 1) -> str:
     """Run the command in this process; return its one-line error without the command's prefix."""
-    assert cli.main(argv) == 1
+    assert cli.main(argv) == status
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1, captured
     prefix = f"fastlease {argv[0]}: error: "
@@ -582,9 +633,9 @@ def error_of(capsys, *argv: str) -> str:
 def test_the_command_and_the_demo_reject_a_bad_option_with_one_message(tmp_path, monkeypatch, capsys, options,
                                                                        expected):
     monkeypatch.chdir(tmp_path)
-    listed = error_of(capsys, "list", "--table", demo.TABLE, *options)
+    listed = error_of(capsys, "list", "--table", demo.TABLE, *options, status=2)  # a bad command line
     assert expected in listed
-    assert error_of(capsys, "demo", *options) == listed
+    assert error_of(capsys, "demo", *options, status=2) == listed
 
 
 @pytest.mark.parametrize("store, library, extra", [("dynamodb", "boto3", "dynamodb"), ("redis", "redis", "redis"),

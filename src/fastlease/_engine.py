@@ -1286,17 +1286,18 @@ class Lease:
         try:
             deleted = self._delete_owned(self.owner, budget_ns, raise_on_failure=True)
         except LockReleaseError as failure:
+            if self.lost_cause is None:
+                if self._observed is not None:
+                    self._hold_ended(failure)
+                raise
             # Ownership had already ended (lost or lapsed): what the caller must hear is LockLost, with
             # the unconfirmed release as its cause; only a release of a valid lease is LockReleaseError.
-            raised: BaseException = failure
-            if self.lost_cause is not None:
-                raised = LockLost(f"lease on {self.key!r} in table {self.table!r} was lost ({self.lost_cause}) "
-                                  f"before the block ended, and its release stayed unconfirmed: {failure}",
-                                  key=self.key, cause=self.lost_cause)
-                raised.__cause__ = failure
+            ended = LockLost(f"lease on {self.key!r} in table {self.table!r} was lost ({self.lost_cause}) before "
+                             f"the block ended, and its release stayed unconfirmed: {failure}",
+                             key=self.key, cause=self.lost_cause)
             if self._observed is not None:
-                self._hold_ended(raised)
-            raise raised
+                self._hold_ended(ended)
+            raise ended from failure
         except BaseException as failure:
             if self._observed is not None:
                 self._hold_ended(failure)

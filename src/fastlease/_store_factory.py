@@ -40,7 +40,12 @@ class StoreOptionError(ValueError):
     """A store option that cannot work as given; the message names the value and how to fix it."""
 
 
-class BadConnectionString(StoreOptionError):
+class BadOption(StoreOptionError):
+    """A value that no command line should give (an unknown store, a demo size out of range, a DSN that
+    cannot be one): the command exits 2, as for any bad command line."""
+
+
+class BadConnectionString(BadOption):
     """A PostgreSQL DSN (``--dsn`` or ``$FASTLEASE_POSTGRES_DSN``) that cannot be a connection string: a
     bad command line, so the command exits 2. The message hides any password."""
 
@@ -64,7 +69,7 @@ class StoreOptions:
 
     def __post_init__(self) -> None:
         if self.store not in STORES:
-            raise StoreOptionError(f"unknown store {self.store!r}; pass --store {_alternatives(STORES)}")
+            raise BadOption(f"unknown store {self.store!r}; pass --store {_alternatives(STORES)}")
 
 
 def _alternatives(names: Sequence[str]) -> str:
@@ -131,18 +136,35 @@ def client_from_options(options: StoreOptions, *, memory_store: Optional[MemoryS
     if options.store == "sqlite":
         path = options.path or DEFAULT_SQLITE_PATH
         if must_exist and not os.path.exists(path):
-            raise StoreOptionError(f"no SQLite lock file at {path!r} (nothing has used it yet; pass --path)")
+            directory = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(directory):
+                why = f"its directory {directory!r} does not exist: check the path"
+            elif options.path:
+                why = "no lease has used that file yet, or the path is wrong"
+            else:
+                why = "no lease has used it yet: pass --path with the file your application uses"
+            raise StoreOptionError(f"no SQLite lock file at {path!r} ({why})")
         return SQLiteClient(path, shared_observations=shared_observations)
     if options.store == "dynamodb":
+        import boto3
+
         from .dynamodb import DynamoDBClient
 
+        if options.region is None and boto3.session.Session().region_name is None:
+            # (The client's own advice names region_name=, which a command line has no use for.)
+            raise StoreOptionError("--store dynamodb needs an AWS Region and none is configured: pass --region "
+                                   "(for example --region eu-west-1), or set AWS_DEFAULT_REGION or `region` in "
+                                   "~/.aws/config for your profile")
         return DynamoDBClient(endpoint_url=options.endpoint_url, region_name=options.region,
                               shared_observations=shared_observations)
     if options.store == "redis":
         from .redis import RedisClient
 
-        return RedisClient(redis_url_from_environment(options) or DEFAULT_REDIS_URL,
-                           shared_observations=shared_observations)
+        try:
+            return RedisClient(redis_url_from_environment(options) or DEFAULT_REDIS_URL,
+                               shared_observations=shared_observations)
+        except ValueError as error:  # the URL: RedisClient's own message, which names it
+            raise BadOption(str(error)) from None
     if options.store == "postgres":
         from .postgres import PostgresClient
 

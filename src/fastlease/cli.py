@@ -16,8 +16,8 @@ refuse). The demo takes the same options, built into a client by the same factor
 (``_store_factory.py``); where one is left out, it makes a temporary file or starts a server of its
 own. Every command takes ``--json``. User errors print one line and exit 1, never a traceback; a bad
 command line exits 2, and so do a key or table name that the library would refuse (checked with the
-engine's own rules before any store is reached) and a DSN that cannot be a connection string.
-Nothing is deleted without ``--force``.
+engine's own rules before any store is reached), an unknown store, a Redis URL or DSN that cannot be
+one, and a demo size out of range. Nothing is deleted without ``--force``.
 """
 
 from __future__ import annotations
@@ -37,13 +37,14 @@ from ._store_factory import (
     POSTGRES_DSN_VARIABLE,
     REDIS_URL_VARIABLE,
     STORES,
-    BadConnectionString,
+    BadOption,
     StoreOptions,
     client_from_options,
 )
 from .client import LeaseClient
 from .exceptions import FastleaseError
 from .stores.base import NO_USAGE
+from .stores.postgres import sql_identifier
 
 if TYPE_CHECKING:  # annotations only: boto3's and psycopg's clients are imported when their store is chosen
     from .dynamodb import DynamoDBClient
@@ -91,9 +92,9 @@ def _parser() -> argparse.ArgumentParser:
 
     create = commands.add_parser("create-table", help="create a DynamoDB or PostgreSQL lock table")
     create.add_argument("name", metavar="NAME", help=f"the new table's name: {TABLE_RULE}")
-    create.add_argument("--store", default=TABLE_STORES[0], choices=TABLE_STORES,
-                        help="dynamodb (the default: fails if the table exists) or postgres (a rerun on a table "
-                             "with fastlease's columns does nothing)")
+    create.add_argument("--store", default=TABLE_STORES[0],
+                        help="dynamodb (the default) or postgres; a rerun on a table that has fastlease's schema "
+                             "does nothing (sqlite and redis need no table made)")
     create.add_argument("--endpoint-url", help="DynamoDB endpoint (default: the AWS configuration)")
     create.add_argument("--region", help="DynamoDB Region (default: the AWS configuration)")
     create.add_argument("--dsn", help=f"{DSN_HELP})")
@@ -133,11 +134,16 @@ _CHECKED_ARGUMENTS: dict[str, tuple[tuple[str, str, Callable[[object], str]], ..
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Apply the engine's own rules to the keys and table names of a command line, before any store is
-    reached: a key no lease can have (``""``, more than 2,048 bytes) would otherwise read as free.
-    Raises BadArgument naming the argument and the rule."""
+    reached: a key no lease can have (``""``, more than 2,048 bytes) would otherwise read as free; on
+    PostgreSQL, a table name longer than it keeps (63 characters) too. Raises BadArgument naming the
+    argument and the rule."""
     for attribute, name, check in _CHECKED_ARGUMENTS.get(args.command, ()):
+        checks = [check]
+        if check is _impl.core.check_table and getattr(args, "store", None) == "postgres":
+            checks.append(cast("Callable[[object], str]", sql_identifier))
         try:
-            check(getattr(args, attribute))
+            for rule in checks:
+                rule(getattr(args, attribute))
         except (TypeError, ValueError) as error:
             raise BadArgument(f"argument {name}: {error}") from None
 
@@ -157,35 +163,35 @@ def _client(args: argparse.Namespace) -> LeaseClient:
     return client_from_options(options, must_exist=True, shared_observations=True)
 
 
+#: What create-table says for the stores whose tables nobody makes.
+NO_TABLE_NEEDED = {
+    "sqlite": "SQLite needs no lock table made: the first lease creates it in its file",
+    "redis": "Redis needs no lock table made: a lease is a key, written by its acquisition",
+    "memory": "the memory store needs no lock table made (and lives inside one process)",
+}
+
+
 def _create_table(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
-    if args.store == "postgres":
-        return _create_postgres_table(args, out)
-    client = cast("DynamoDBClient", client_from_options(store_options(args)))
-    try:
-        if client.lock_table_exists(args.name):
-            raise UserError(f"table {args.name!r} already exists")
-        client.create_lock_table(args.name, wait=True)
-    finally:
-        client.close()
-    out({"created": args.name}, f"created lock table {args.name!r}")
-    return 0
-
-
-def _create_postgres_table(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
-    """``CREATE TABLE IF NOT EXISTS``, then a check of the columns: a rerun (a deployment script run
-    twice) succeeds and changes nothing, while a table of the same name with other columns is refused."""
-    client = cast("PostgresClient", client_from_options(store_options(args)))
+    """Create a lock table, or confirm it is there: a rerun (a deployment script run twice) succeeds and
+    changes nothing, on DynamoDB (the same key schema) as on PostgreSQL (the same columns); a table of
+    that name with another schema is refused."""
+    options = store_options(args)
+    if options.store in NO_TABLE_NEEDED:
+        out({"created": False, "needed": False}, f"{NO_TABLE_NEEDED[options.store]}; nothing to do")
+        return 0
+    client = cast("DynamoDBClient | PostgresClient", client_from_options(options))
     try:
         existed = client.lock_table_exists(args.name)
         client.create_lock_table(args.name)
-        where = client.store.describe()
+        where = f" on {client.store.describe()}" if options.store == "postgres" else ""
     finally:
         client.close()
     if existed:
+        schema = "columns" if options.store == "postgres" else "key schema"
         out({"created": False, "exists": args.name},
-            f"lock table {args.name!r} already exists on {where} with fastlease's columns; nothing to do")
+            f"lock table {args.name!r} already exists{where} with fastlease's {schema}; nothing to do")
     else:
-        out({"created": args.name}, f"created lock table {args.name!r} on {where}")
+        out({"created": args.name}, f"created lock table {args.name!r}{where}")
     return 0
 
 
@@ -286,7 +292,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.monotonic()
     try:
         return COMMANDS[args.command](args, out)
-    except BadConnectionString as error:  # a bad command line, found once the store's library is known present
+    except BadOption as error:  # a bad command line, found once the store's library is known present
         print(f"fastlease {args.command}: error: {error}", file=sys.stderr)
         return 2
     except (UserError, FastleaseError, ValueError, TypeError, OSError, sqlite3.Error) as error:

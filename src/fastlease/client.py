@@ -29,6 +29,16 @@ ASYNC_WORKERS = 64
 ASYNC_SHORT_WORKERS = 16
 
 
+def idempotency_lock_table(core: ModuleType, table: str, lock_table: Optional[str] = None) -> str:
+    """The lock table that holds the in-flight leases of idempotency record table ``table``:
+    ``lock_table``, else ``<table>_locks``; checked by the engine's table rule (ValueError naming it),
+    and never the record table itself."""
+    locks = str(core.check_table(lock_table if lock_table is not None else f"{table}_locks"))
+    if locks == table:
+        raise ValueError(f"the lock table and the record table must differ, both are {table!r}")
+    return locks
+
+
 class LeaseClient:
     """Base of every store client. Not used directly: see MemoryClient and the store clients.
 

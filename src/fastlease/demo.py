@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 from ._store_factory import (
+    BadOption,
     StoreOptions,
     check_postgres_dsn,
     client_from_options,
@@ -232,9 +233,9 @@ def run(options: StoreOptions, workers: int = 4, seconds: float = 10.0, *,
     """Run the demo on the store ``options`` name (see prepare_store); returns the summary (also printed
     through ``say`` as it goes). Raises DemoError, or StoreOptionError for a store option that cannot work."""
     if type(workers) is not int or not 2 <= workers <= 64:
-        raise DemoError(f"--workers must be an integer from 2 to 64, got {workers!r}")
+        raise BadOption(f"--workers must be an integer from 2 to 64, got {workers!r}")
     if not 2.0 <= seconds <= 600.0:
-        raise DemoError(f"--seconds must be from 2 to 600, got {seconds!r}")
+        raise BadOption(f"--seconds must be from 2 to 600, got {seconds!r}")
     cleanup: list[Callable[[], object]] = []
     try:
         return _contend(prepare_store(options, cleanup, say), workers, seconds, say)

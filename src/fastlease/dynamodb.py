@@ -21,9 +21,17 @@ import platform
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Self, Type, TypeVar
 
-from .client import LeaseClient
+from .client import LeaseClient, idempotency_lock_table
 from .exceptions import StoreConfigurationError, StoreRequestRejected, TransactionCanceled
-from .stores.dynamodb import Boto3Transport, DynamoDBStore, _import_boto3, _int_or_raw, condition_check, record_item
+from .stores.dynamodb import (
+    Boto3Transport,
+    DynamoDBStore,
+    _import_boto3,
+    _int_or_raw,
+    condition_check,
+    missing_table,
+    record_item,
+)
 
 if TYPE_CHECKING:
     from ._engine import Clock
@@ -45,6 +53,46 @@ def _user_agent() -> str:
     return f"fastlease/{__version__} Python/{platform.python_version()}"
 
 
+#: pydynox 1.8.0 constructor arguments with no counterpart here, and what to do instead.
+_PYDYNOX_ONLY = {
+    "role_arn": "assume the role with boto3 (sts.assume_role, or a profile with role_arn in ~/.aws/config and "
+                "profile=...) and pass session=",
+    "role_session_name": "see role_arn",
+    "external_id": "see role_arn",
+    "proxy_url": "pass a boto3 client made with botocore.config.Config(proxies=...)",
+    "rate_limit": "lock requests are two writes per hold and need no client-side rate limit",
+    "diagnostics": "see fastlease.otel for metrics and traces",
+}
+
+
+def _refuse_pydynox_only(engine: dict[str, Any]) -> None:
+    for name in engine:
+        if name in _PYDYNOX_ONLY:
+            raise TypeError(f"DynamoDBClient has no {name}= (a pydynox argument): {_PYDYNOX_ONLY[name]}")
+
+
+def _pydynox_config(connect_timeout: Optional[float], read_timeout: Optional[float],
+                    max_retries: Optional[int]) -> Any:
+    """pydynox's timeouts and retries as a botocore Config for your boto3 client (the helpers and
+    transactions): lock requests keep their own bounds, min(lease/3, 5 s), and never retry. None if
+    none is given."""
+    if connect_timeout is None and read_timeout is None and max_retries is None:
+        return None
+    from botocore.config import Config
+
+    settings: dict[str, Any] = {}
+    for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+            settings[name] = value
+    if max_retries is not None:
+        if type(max_retries) is not int or max_retries < 0:
+            raise ValueError(f"max_retries must be an int of at least 0, got {max_retries!r}")
+        settings["retries"] = {"max_attempts": max_retries, "mode": "standard"}
+    return Config(**settings)
+
+
 class DynamoDBClient(LeaseClient):
     """A lease client on DynamoDB (the production store).
 
@@ -53,6 +101,12 @@ class DynamoDBClient(LeaseClient):
     Region, endpoint and credentials; ``DynamoDBClient(session=..., endpoint_url=..., region_name=...)``
     builds from a session. Lock requests never use SDK retries and have per-request timeouts of at
     most min(lease/3, 5 s); your own client's configuration is untouched.
+
+    pydynox's constructor arguments work too, so that ported code runs unchanged: ``region`` (for
+    ``region_name``), ``access_key``, ``secret_key``, ``session_token`` and ``profile`` (the session's
+    credentials), and ``connect_timeout``, ``read_timeout`` and ``max_retries`` (for the boto3 client
+    that the helpers and transactions use; not for lock requests). ``role_arn``, ``proxy_url``,
+    ``rate_limit`` and ``diagnostics`` raise TypeError saying what to do instead.
 
     ``fast_path=True`` (the default) sends the lock's own requests through fastlease's request path
     (cached-key SigV4, keep-alive sockets, moto's ``mock_aws`` still honoured). ``fast_path=False``
@@ -71,21 +125,45 @@ class DynamoDBClient(LeaseClient):
         region_name: Optional[str] = None,
         fast_path: bool = True,
         clock: Optional[Clock] = None,
+        region: Optional[str] = None,
+        access_key: Optional[str] = None,
+        secret_key: Optional[str] = None,
+        session_token: Optional[str] = None,
+        profile: Optional[str] = None,
+        connect_timeout: Optional[float] = None,
+        read_timeout: Optional[float] = None,
+        max_retries: Optional[int] = None,
         **engine: Any,
     ) -> None:
         boto3 = _import_boto3()
-        if boto3_client is not None and (session is not None or endpoint_url is not None or region_name is not None):
-            raise ValueError("pass either a boto3 client or session/endpoint_url/region_name, not both")
+        _refuse_pydynox_only(engine)
+        if region is not None:
+            if region_name is not None and region_name != region:
+                raise ValueError(f"region={region!r} and region_name={region_name!r} disagree: pass one of them")
+            region_name = region  # pydynox's name for it
+        ported = {"access_key": access_key, "secret_key": secret_key, "session_token": session_token,
+                  "profile": profile}
+        config = _pydynox_config(connect_timeout, read_timeout, max_retries)
+        if boto3_client is not None and (session is not None or endpoint_url is not None or region_name is not None
+                                         or any(value is not None for value in ported.values()) or config):
+            raise ValueError("pass either a boto3 client or the settings to build one (session, endpoint_url, "
+                             "region_name, credentials, timeouts), not both")
+        if session is not None and any(value is not None for value in ported.values()):
+            raise ValueError("pass either session= or credentials (access_key, secret_key, session_token, profile), "
+                             "not both: the session has its own")
         if boto3_client is None:
             from botocore.exceptions import NoRegionError
 
-            session = session if session is not None else boto3.session.Session()
+            if session is None:
+                session = boto3.session.Session(aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+                                                aws_session_token=session_token, profile_name=profile)
             try:
-                boto3_client = session.client("dynamodb", endpoint_url=endpoint_url, region_name=region_name)
+                boto3_client = session.client("dynamodb", endpoint_url=endpoint_url, region_name=region_name,
+                                              config=config)
             except NoRegionError:
                 raise StoreConfigurationError(
-                    "DynamoDBClient needs an AWS Region and none is configured: set AWS_REGION (or "
-                    "AWS_DEFAULT_REGION), `region` in ~/.aws/config for your profile, or pass region_name=..."
+                    "DynamoDBClient needs an AWS Region and none is configured: set AWS_DEFAULT_REGION, "
+                    "`region` in ~/.aws/config for your profile, or pass region_name=... (region=... as in pydynox)"
                 ) from None
         elif getattr(getattr(boto3_client, "meta", None), "service_model", None) is None or (
             boto3_client.meta.service_model.service_name != "dynamodb"
@@ -169,10 +247,18 @@ class DynamoDBClient(LeaseClient):
         existing table with that key schema is fine (a rerun); another schema raises StoreRequestRejected."""
         self.sync_create_table(name, partition_key=("key", "S"), wait=wait)
 
-    def create_idempotency_table(self, name: str, *, wait: bool = True) -> None:
-        """Create an idempotency record table (never a lock table): partition key ``key``, on-demand,
-        with DynamoDB's TTL on ``expires_at`` (Unix seconds) so expired records are deleted for free. An
-        existing table with that key and TTL is fine (a rerun); anything else raises StoreRequestRejected."""
+    def create_idempotency_table(self, name: str, *, lock_table: Optional[str] = None, wait: bool = True) -> None:
+        """Create what ``@idempotent(client, table=name)`` needs: the record table, partition key ``key``,
+        on-demand, with DynamoDB's TTL on ``expires_at`` (Unix seconds) so expired records are deleted
+        for free; and the lock table of its in-flight leases, ``lock_table`` (default ``<name>_locks``),
+        as :meth:`create_lock_table` makes it. Both names are checked before either is created, and the
+        lock table is made only once the record table is right. Existing
+        tables with those schemas are fine (a rerun); anything else raises StoreRequestRejected."""
+        locks = idempotency_lock_table(self.engine_module, name, lock_table)
+        self._create_record_table(name, wait)
+        self.create_lock_table(locks, wait=wait)  # (after the record table, whose TTL check may refuse it)
+
+    def _create_record_table(self, name: str, wait: bool) -> None:
         self.sync_create_table(name, partition_key=("key", "S"), wait=wait)
         ttl = self.boto3_client.describe_time_to_live(TableName=name).get("TimeToLiveDescription", {})
         if ttl.get("TimeToLiveStatus") in ("ENABLED", "ENABLING"):
@@ -199,13 +285,16 @@ class DynamoDBClient(LeaseClient):
         """Held rows, through your boto3 client: a consistent GetItem for one key, else a consistent
         Scan (paginated; an operator's tool, not for hot paths)."""
         self.engine_module.check_table(table)
-        if key is not None:
-            response = self.boto3_client.get_item(TableName=table, Key={"key": {"S": key}}, ConsistentRead=True)
-            items = [response["Item"]] if "Item" in response else []
-        else:
-            items = []
-            for page in self.boto3_client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
-                items.extend(page["Items"])
+        try:
+            if key is not None:
+                response = self.boto3_client.get_item(TableName=table, Key={"key": {"S": key}}, ConsistentRead=True)
+                items = [response["Item"]] if "Item" in response else []
+            else:
+                items = []
+                for page in self.boto3_client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
+                    items.extend(page["Items"])
+        except self.boto3_client.exceptions.ResourceNotFoundException as error:
+            raise missing_table(repr(table), f"reading it: {error}", key) from error
         rows = []
         for item in items:
             plain = {name: next(iter(value.values())) for name, value in item.items()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
-from .client import LeaseClient
+from .client import LeaseClient, idempotency_lock_table
 from .exceptions import StoreRequestRejected
 from .stores.postgres import CHECK_IN, IDENTITY, PostgresStore, sql_identifier
 
@@ -66,10 +66,17 @@ class PostgresClient(LeaseClient):
         columns is fine (a rerun); one with other columns raises StoreRequestRejected."""
         self.store.create_table(name, records=False)
 
-    def create_idempotency_table(self, name: str) -> None:
-        """Create an idempotency record table (never a lock table), with the index its expiry purge
-        reads. An existing one with the same columns is fine; other columns raise StoreRequestRejected."""
+    def create_idempotency_table(self, name: str, *, lock_table: Optional[str] = None) -> None:
+        """Create what ``@idempotent(client, table=name)`` needs: the record table, with the index its
+        expiry purge reads, and the lock table of its in-flight leases, ``lock_table`` (default
+        ``<name>_locks``). Both names are checked (the library's rule and PostgreSQL's 63 characters)
+        before either is created. Existing tables with the same columns are fine (a rerun); other
+        columns raise StoreRequestRejected."""
+        locks = idempotency_lock_table(self.engine_module, name, lock_table)
+        sql_identifier(name)
+        sql_identifier(locks)
         self.store.create_table(name, records=True)
+        self.store.create_table(locks, records=False)  # (after the records, whose column check may refuse)
 
     def lock_table_exists(self, name: str) -> bool:
         """True if ``name`` resolves to a table on the client's connections (their search_path)."""

@@ -46,7 +46,9 @@ class RedisClient(LeaseClient):
             try:
                 self.redis = redis.Redis.from_url(redis_or_url)
             except ValueError as error:
-                raise ValueError(f"RedisClient: bad Redis URL {_safe_url(redis_or_url)!r}: {error}") from None
+                raise ValueError(f"RedisClient: bad Redis URL {_safe_url(redis_or_url)!r}: {error}; a Redis "
+                                 "Cluster takes redis+cluster://host:port[,host:port...] (rediss+cluster:// with "
+                                 "TLS)") from None
             self.store = RedisStore(self.redis.connection_pool)
         elif isinstance(redis_or_url, redis.Redis):
             self.redis = redis_or_url

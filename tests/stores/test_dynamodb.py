@@ -128,6 +128,31 @@ def test_a_missing_record_table_is_named_in_an_idempotent_call(make_dynamodb):
             call.complete("done")
 
 
+def test_one_call_creates_both_tables_an_idempotent_call_needs(make_dynamodb):
+    from fastlease.idempotency import IdempotentCall
+
+    client = make_dynamodb()
+    client.create_idempotency_table("payments")
+    assert client.lock_table_exists("payments_locks")
+    with IdempotentCall(client, table="payments", key="p-1") as call:
+        call.complete("paid")
+    client.create_idempotency_table("orders", lock_table="order_leases")
+    assert client.lock_table_exists("order_leases") and not client.lock_table_exists("orders_locks")
+    with pytest.raises(ValueError, match="must differ"):
+        client.create_idempotency_table("same", lock_table="same")
+    assert not client.lock_table_exists("same")
+
+
+def test_inspecting_a_missing_table_names_it_and_how_to_create_it(make_dynamodb):
+    client = make_dynamodb()
+    for read in (lambda: client.inspect("no_such_table"), lambda: client.inspect("no_such_table", "k"),
+                 lambda: client.holder("no_such_table", "k")):
+        with pytest.raises(StoreRequestRejected) as info:
+            read()
+        assert "table 'no_such_table' does not exist" in str(info.value)
+        assert "create_lock_table" in str(info.value)
+
+
 def test_creating_tables_again_succeeds_and_a_different_schema_is_refused(make_dynamodb):
     # A deployment script (and the README's quick start) run twice: the tables exist already.
     client = make_dynamodb()
@@ -167,11 +192,45 @@ def test_a_client_without_region_or_credentials_says_what_to_set(monkeypatch, tm
         DynamoDBClient()
     assert isinstance(info.value, StoreRequestRejected)  # what store misconfiguration raised before
     if missing == "region":
-        assert "needs an AWS Region" in str(info.value) and "AWS_REGION" in str(info.value)
+        # The advice names only what boto3 reads (it ignores AWS_REGION), and following it works.
+        assert "needs an AWS Region" in str(info.value) and "set AWS_DEFAULT_REGION" in str(info.value)
+        assert "AWS_REGION" not in str(info.value)
+        monkeypatch.setenv("AWS_REGION", REGION)
+        with pytest.raises(StoreConfigurationError, match="needs an AWS Region"):
+            DynamoDBClient()
+        monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+        with pytest.raises(StoreConfigurationError, match="found no AWS credentials"):  # the Region is found
+            DynamoDBClient()
     else:
         assert "found no AWS credentials" in str(info.value) and "AWS_ACCESS_KEY_ID" in str(info.value)
     with pytest.raises(StoreConfigurationError):  # the same for a boto3 client made without them
         DynamoDBClient(boto3.client("dynamodb", region_name=REGION))
+
+
+def test_pydynox_constructor_arguments_build_the_same_client(monkeypatch, moto_endpoint):
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    # pydynox 1.8.0: DynamoDBClient(region=..., endpoint_url=..., access_key=..., secret_key=...)
+    client = DynamoDBClient(region="eu-west-2", endpoint_url=moto_endpoint, access_key="testing",
+                            secret_key="testing", connect_timeout=2.0, read_timeout=3.0, max_retries=1)
+    try:
+        assert client.region_name == "eu-west-2"
+        config = client.boto3_client.meta.config
+        assert (config.connect_timeout, config.read_timeout, config.retries["total_max_attempts"]) == (2.0, 3.0, 2)
+        credentials = client.boto3_client._request_signer._credentials
+        assert (credentials.access_key, credentials.secret_key) == ("testing", "testing")
+        client.create_lock_table("ported")
+        with SyncDistributedLock(client, table="ported", key="k") as lease:
+            assert raw_item(client, table="ported")["owner"] == {"S": lease.owner}
+    finally:
+        client.close()
+    for name, advice in (("role_arn", "sts.assume_role"), ("proxy_url", "proxies="), ("rate_limit", "rate limit"),
+                         ("diagnostics", "fastlease.otel")):
+        with pytest.raises(TypeError, match=f"no {name}= \\(a pydynox argument\\): .*{advice}"):
+            DynamoDBClient(region="eu-west-2", **{name: "x"})
+    with pytest.raises(ValueError, match="disagree"):
+        DynamoDBClient(region="eu-west-2", region_name="us-east-1")
+    with pytest.raises(ValueError, match="read_timeout must be a positive number"):
+        DynamoDBClient(region="eu-west-2", read_timeout=0)
 
 
 def test_abandoned_row_is_taken_over_after_its_lease(make_dynamodb):

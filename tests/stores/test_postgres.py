@@ -246,7 +246,26 @@ def test_lock_operations_on_a_missing_table_are_refused_and_create_nothing(make_
             call.complete({"ok": True})
     assert '"orders"' in str(info.value)  # the record table, the first it reads
     assert public_tables(admin) == []
-    assert client.inspect("missing") == [] and client.lock_table_exists("missing") is False
+    assert client.lock_table_exists("missing") is False
+    for read in (lambda: client.inspect("missing"), lambda: client.inspect("missing", "k"),
+                 lambda: client.holder("missing", "k")):
+        with pytest.raises(StoreRequestRejected) as info:
+            read()
+        assert '"missing"' in str(info.value) and "create_lock_table" in str(info.value)
+    assert public_tables(admin) == []
+
+
+def test_one_call_creates_both_tables_an_idempotent_call_needs(make_client, admin):
+    client = make_client()
+    client.create_idempotency_table("payments")
+    assert public_tables(admin) == ["payments", "payments_locks"]
+    assert client.store.columns("payments_locks") == pg_store.LOCK_COLUMNS
+    with IdempotentCall(client, table="payments", key="p-1") as call:
+        call.complete("paid")
+    # A lock table name over PostgreSQL's 63 characters is refused before anything is made.
+    with pytest.raises(ValueError, match="at most 63 characters"):
+        client.create_idempotency_table("r" * 60)
+    assert public_tables(admin) == ["payments", "payments_locks"]
 
 
 def test_table_names_longer_than_63_characters_are_refused(make_client, admin):

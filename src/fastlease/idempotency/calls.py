@@ -10,7 +10,7 @@ import logging
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Optional, Self, Type, Union, cast
 
-from ..client import LeaseClient
+from ..client import LeaseClient, idempotency_lock_table
 from ..exceptions import LockLost, LockNotAcquired
 from ..lock import DEFAULT_LEASE_DURATION, MAX_RETENTION, LeaseOptions, SyncDistributedLock, check_client, seconds_to_ms
 from .exceptions import (
@@ -65,9 +65,7 @@ class _CallSpec:
         if not hasattr(self.store, "finish_if_owner"):
             raise TypeError(f"{type(client).__name__} has no idempotency records")
         self.table = core.check_table(table)
-        self.lock_table = core.check_table(lock_table if lock_table is not None else f"{table}_locks")
-        if self.lock_table == self.table:
-            raise ValueError(f"the lock table and the record table must differ, both are {table!r}")
+        self.lock_table = idempotency_lock_table(core, self.table, lock_table)
         # Lock timings follow the guards' rule, under this API's names; ttl is a retention (up to a year).
         self.lease = LeaseOptions.from_seconds(lease_duration, wait, wait_name="wait")
         self.ttl_ms = None if ttl is None else seconds_to_ms("ttl", ttl, 0.001, MAX_RETENTION)

@@ -150,11 +150,17 @@ def rejection(error: ServiceError, operation: str, key: str, tables: list[Any]) 
     for a missing table, how to create it (lock operations never create tables)."""
     named = " or ".join(repr(table) for table in dict.fromkeys(tables) if table)
     if error.code == "ResourceNotFoundException":
-        return StoreRequestRejected(
-            f"DynamoDB table {named} does not exist ({operation} on {key!r}: {error}). Create it once, at "
-            "deployment: client.create_lock_table(name) for a lock table, client.create_idempotency_table(name) "
-            "for idempotency records; or `fastlease create-table NAME` for a lock table", key=key)
+        return missing_table(named, f"{operation} on {key!r}: {error}", key)
     return StoreRequestRejected(f"DynamoDB rejected {operation} on {key!r} in table {named}: {error}", key=key)
+
+
+def missing_table(named: str, detail: str, key: Optional[str] = None) -> StoreRequestRejected:
+    """The one message for a DynamoDB table that does not exist (``named``: its quoted name or names),
+    for a lock operation and for the operator's reads alike: how to create it."""
+    return StoreRequestRejected(
+        f"DynamoDB table {named} does not exist ({detail}). Create it once, at deployment: "
+        "client.create_lock_table(name) for a lock table, client.create_idempotency_table(name) for "
+        "idempotency records (and their lock table); or `fastlease create-table NAME` for a lock table", key=key)
 
 
 def classify_unsent(operation: str, error: Exception) -> Optional[Exception]:

@@ -632,10 +632,9 @@ class PostgresStore:
         return _text(result.get_value(0, 0)), _text(result.get_value(0, 1)), None if oid is None else int(oid)
 
     def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
-        """Held rows of ``table`` (or ``key``'s), fence included; [] for a table that does not exist."""
+        """Held rows of ``table`` (or ``key``'s), fence included. A table that does not exist raises
+        StoreRequestRejected, with the lock path's hint (how to create it)."""
         name = sql_identifier(table)
-        if not self.columns(table):
-            return []
         result = self._request("inspect", key or table, _INSPECT.format(name=name).encode(),
                                [None if key is None else _check_text(key)], 10.0, False)
         rows = []

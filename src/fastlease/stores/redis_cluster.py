@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence, cast
 
-from ..exceptions import StoreError
+from ..exceptions import StoreError, StoreRequestRejected
 from .base import check_table
 from .redis import CLUSTER_SCRIPTS, RedisStore, _pack, _text, connection_kind, load_redis
 
@@ -276,6 +276,8 @@ class RedisClusterStore(RedisStore):
                 except StoreError as error:
                     failures.append(f"{address[0]}:{address[1]}: {error}")
                     continue
+                except StoreRequestRejected as error:
+                    raise self._not_a_cluster(address, error, key) from error
                 slots = self._parse_slots(reply, address, key)
                 self._last_nodes = sorted({node for node in slots if node is not None})
                 self._slots = slots
@@ -284,6 +286,17 @@ class RedisClusterStore(RedisStore):
                              + ("; ".join(failures) or "out of time"), key=key)
         finally:
             self._map_lock.release()
+
+    def _not_a_cluster(self, address: Address, error: StoreRequestRejected, key: str) -> StoreRequestRejected:
+        """A node refused CLUSTER SLOTS: name it, and say what to connect with when it is a single
+        server (``ERR This instance has cluster support disabled``)."""
+        reply = str(error.__cause__ or error)
+        where = f"{address[0]}:{address[1]}"
+        if "cluster support disabled" in reply:
+            return StoreRequestRejected(
+                f"the Redis server at {where} is not a Redis Cluster node ({reply}): connect with "
+                f"RedisClient('redis://{where}/0'), not a redis+cluster:// URL", key=key or None)
+        return StoreRequestRejected(f"Redis Cluster node {where} refused CLUSTER SLOTS: {reply}", key=key or None)
 
     def _parse_slots(self, reply: Any, asked: Address, key: str) -> list[Optional[Address]]:
         slots: list[Optional[Address]] = [None] * SLOTS
