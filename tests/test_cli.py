@@ -284,10 +284,10 @@ def test_the_summary_explains_every_column_under_the_table():
 
 def test_the_takeover_line_says_from_when_it_was_counted():
     lines = printed_summary(SUMMARY)
-    start = lines.index("takeover: worker 0 took acme over 0.74 s after worker 1 was killed")
+    start = lines.index("takeover: worker 0 took acme over 0.74 s after worker 1 was killed,")
     assert lines[start + 1:] == [
-        "  counted from the holder's last confirmed write, its last renewal (one every 0.33 s), not from the kill:",
-        "  the takeover comes at least one lease (1 s) after that write, which can be before the kill",
+        "  one lease (1 s) after its last renewal, which came before the kill: a holder renews every 0.33 s, so a "
+        "takeover can come 0.67 s after the kill",
     ]
 
 
@@ -544,8 +544,8 @@ def test_text_demo_prints_progress_and_the_table(tmp_path):
     assert "worker  acquisitions  contended" in result.stdout
     assert "  contended     of those, acquisitions that found the key held and waited for it\n" in result.stdout
     assert "takeover: worker" in result.stdout
-    assert "  counted from the holder's last confirmed write, its last renewal" in result.stdout
-    assert "(the lease runs from its last renewal, not from the kill)" in result.stdout  # the progress line
+    assert "  one lease (1 s) after its last renewal, which came before the kill: a holder renews" in result.stdout
+    assert " s after worker " in result.stdout and "was killed, one lease (1 s) after its last renewal" in result.stdout
 
 
 def test_create_table_status_and_list_on_dynamodb(tmp_path, moto_endpoint, moto_session):

@@ -17,13 +17,15 @@ working directory, the same moto state and the same Redis data, so an example th
     ``us-east-1``. The example creates the tables it needs, as a real deployment script would.
 ``<!-- test: redis -->``
     the session's ``redis-server`` (the ``redis_url`` fixture of ``tests/conftest.py``) is emptied, and
-    its URL is both the environment variable ``REDIS_URL`` and a global name ``REDIS_URL``.
+    its URL is both the environment variable ``FASTLEASE_REDIS_URL`` (the name the ``fastlease`` command
+    reads too) and a global name of that name.
 ``<!-- test: redis-cluster -->``
     the session's three-node Redis Cluster (the ``redis_cluster_db`` fixture), every primary emptied;
-    its ``redis+cluster://`` URL is both the environment variable ``REDIS_CLUSTER_URL`` and a global name.
+    its ``redis+cluster://`` URL is both the environment variable ``FASTLEASE_REDIS_URL`` and a global name.
 ``<!-- test: postgres -->``
     an empty database on the session's PostgreSQL server (the ``postgres_db`` fixture of
-    ``tests/conftest.py``): its DSN is both the environment variable ``POSTGRES_DSN`` and a global name.
+    ``tests/conftest.py``): its DSN is both the environment variable ``FASTLEASE_POSTGRES_DSN`` and a global
+    name.
 ``<!-- test: server -->``
     the example starts a service process of its own (a moto server, a ``redis-server``). Like ``redis``,
     it gives the test pytest's ``server`` mark, which the wheel tests deselect (``-m "not server"``).
@@ -168,17 +170,17 @@ def _run_in_namespace(chain: list[Block], setup: frozenset, request: pytest.Fixt
             admin.flushdb()
         finally:
             admin.close()
-        monkeypatch.setenv("REDIS_URL", url)
-        module.__dict__["REDIS_URL"] = url
+        monkeypatch.setenv("FASTLEASE_REDIS_URL", url)
+        module.__dict__["FASTLEASE_REDIS_URL"] = url
     if "redis-cluster" in setup:
         request.getfixturevalue("redis_cluster_db")  # every primary emptied
         url = request.getfixturevalue("redis_cluster_url")
-        monkeypatch.setenv("REDIS_CLUSTER_URL", url)
-        module.__dict__["REDIS_CLUSTER_URL"] = url
+        monkeypatch.setenv("FASTLEASE_REDIS_URL", url)
+        module.__dict__["FASTLEASE_REDIS_URL"] = url
     if "postgres" in setup:
         dsn = request.getfixturevalue("postgres_db")
-        monkeypatch.setenv("POSTGRES_DSN", dsn)
-        module.__dict__["POSTGRES_DSN"] = dsn
+        monkeypatch.setenv("FASTLEASE_POSTGRES_DSN", dsn)
+        module.__dict__["FASTLEASE_POSTGRES_DSN"] = dsn
     initial = dict(module.__dict__)
     for run in (1, 2):  # a rerun finds what the first run left: files, tables, records
         module.__dict__.clear()

@@ -189,7 +189,22 @@ def test_import_without_moto_names_the_install_command() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "ImportError" in done.stderr
-    assert "pip install 'moto[server,dynamodb]'" in done.stderr
+    assert "pip install 'fastlease[testing]'" in done.stderr
+
+
+def test_the_install_hint_names_an_extra_that_installs_the_server_mode() -> None:
+    import tomllib
+    from pathlib import Path
+
+    from fastlease.testing.moto_server import INSTALL_HINT
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    if not pyproject.exists():
+        pytest.skip("no pyproject.toml here: the suite runs against an installed wheel")
+    extras = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert INSTALL_HINT == "pip install 'fastlease[testing]'"
+    assert any(requirement.startswith("moto[server,dynamodb]") for requirement in extras["testing"])
+    assert {"pytest", "boto3", "redis"} <= {requirement.split(">")[0] for requirement in extras["testing"]}
 
 
 def test_middleware_runs_one_request_at_a_time_including_its_body() -> None:

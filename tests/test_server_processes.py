@@ -326,3 +326,59 @@ def test_postgres_db_is_empty_for_each_test(postgres_db: str, run: str) -> None:
         ).fetchone()
         assert owner == (True,)
         connection.execute(f"CREATE TABLE leftover_{run} (n int)")
+
+
+# ---- the servers from a shell ----------------------------------------------------------------------------
+def _ready_line(process: subprocess.Popen[str]) -> str:
+    """The server command's first stdout line, waited for at most BOUND_S."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], BOUND_S)
+    assert ready, "no READY line within the bound"
+    return process.stdout.readline().strip()
+
+
+def _check_serves(module: str, address: str) -> None:
+    from fastlease import SyncDistributedLock
+
+    if module == "postgres_server":
+        import psycopg
+
+        from fastlease import PostgresClient
+
+        with psycopg.connect(address, autocommit=True) as connection:
+            assert connection.execute("SELECT 1").fetchone() == (1,)
+        client: object = PostgresClient(address)
+        client.create_lock_table("shell")  # type: ignore[attr-defined]
+    else:
+        from fastlease.redis import RedisClient
+
+        client = RedisClient(address)
+    try:
+        with SyncDistributedLock(client, table="shell", key="k") as lease:  # type: ignore[arg-type]
+            assert lease.fencing_token == 1
+    finally:
+        client.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("module, prefix", [("redis_server", "redis://127.0.0.1:"),
+                                            ("redis_cluster", "redis+cluster://127.0.0.1:"),
+                                            ("postgres_server", "postgresql://postgres@127.0.0.1:")])
+def test_a_server_module_run_from_a_shell_says_ready_serves_and_stops_on_sigterm(module: str, prefix: str) -> None:
+    process = subprocess.Popen([sys.executable, "-m", f"fastlease.testing.{module}"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = _ready_line(process)
+        assert line.startswith(f"READY {prefix}"), (line, process.poll())
+        address = line[len("READY "):]
+        _check_serves(module, address)
+        ports = [int(node.rsplit(":", 1)[1].split("/")[0]) for node in address.split("://", 1)[1].split("@")[-1]
+                 .split(",")]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=BOUND_S) == 0, process.stderr.read() if process.stderr else ""
+        for port in ports:  # every server it started is gone with it
+            with socket.socket() as probe:
+                assert probe.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still answers after the stop"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=BOUND_S)

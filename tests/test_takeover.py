@@ -155,3 +155,32 @@ def test_fencing_tokens_increase_with_every_acquisition_and_takeover(make_client
     with SyncDistributedLock(second, table="locks", key="other") as lease:
         assert lease.fencing_token == 1  # per key
 
+
+
+def test_a_cron_style_run_is_told_how_long_a_takeover_needs_and_a_long_enough_wait_takes_it(
+    make_client, clock, store
+):
+    # A cron job: every run is a fresh client. With wait_timeout=0 it can never take a crashed holder's
+    # lease over (it has seen the row for no time at all); the message says what wait would.
+    store.plant("locks", "k", ABANDONED)
+    for _ in range(3):
+        with pytest.raises(LockNotAcquired) as info:
+            with SyncDistributedLock(make_client(clock=clock), table="locks", key="k", wait_timeout=0):
+                pass
+        assert "its row was seen unchanged for 0.0 s of the 10 s a takeover needs" in str(info.value)
+        assert "a wait_timeout of at least 10.25 s takes it over in one run, on any host" in str(info.value)
+        clock.advance(60)
+    start = clock.monotonic_ns()
+    with SyncDistributedLock(make_client(clock=clock), table="locks", key="k", wait_timeout=10.25) as lease:
+        assert store.rows("locks")["k"].owner == lease.owner
+    assert clock.monotonic_ns() - start <= 10_250_000_000
+
+
+def test_a_wait_as_long_as_the_lease_gets_no_takeover_advice(make_client, clock, store):
+    store.plant("locks", "k", ABANDONED)
+    holder = make_client(clock=clock)
+    with SyncDistributedLock(holder, table="locks", key="live", lease_duration=10):  # a live, renewed holder
+        with pytest.raises(LockNotAcquired) as info:
+            with SyncDistributedLock(make_client(clock=clock), table="locks", key="live", wait_timeout=12):
+                pass
+    assert "a takeover needs" not in str(info.value)

@@ -107,6 +107,7 @@ cdef class Lease:
     cdef object _observer
     cdef object _observed
     cdef int64_t _hint_ns
+    cdef int64_t _seen_unchanged_ns, _seen_lease_ms
     cdef bint _row_seen
     cdef int64_t _acquire_start_ns
     cdef bint _others_waiting

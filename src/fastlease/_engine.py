@@ -567,6 +567,10 @@ class Lease:
         self._link_id = 0
         self._hint_ns = 0  # how long the last failed attempt suggests waiting; caller only
         self._row_seen = False  # the last attempt found the key held; caller only
+        # How long this client has seen that row unchanged, and the lease it stores (what a takeover
+        # needs): for the message of a wait that ends before the takeover could come. Caller only.
+        self._seen_unchanged_ns = 0
+        self._seen_lease_ms = 0
         self._acquire_start_ns = 0  # when acquire() began; caller only
         # Others wait for the key: our deleted row carried a waiting mark, or while waiting for this
         # turn we saw a mark we had not made. Caller only.
@@ -859,7 +863,17 @@ class Lease:
         elif self._scheduler.holds(self._cache_key, self):
             message += ("; this client already holds that key (guards are not reentrant: the holder may be "
                         "an outer block of this very thread)")
+        elif self._row_seen and self.wait_ms < self._seen_lease_ms:
+            message += self._takeover_advice()
         raise LockNotAcquired(message, key=self.key) from last_error
+
+    def _takeover_advice(self) -> str:
+        """For a wait shorter than the holder's lease: how long the row was seen unchanged of what a
+        takeover needs, and the wait that would take over a crashed holder's lease in one run."""
+        return (f"; its row was seen unchanged for {self._seen_unchanged_ns / 1e9:.1f} s of the "
+                f"{self._seen_lease_ms / 1000:g} s a takeover needs (one whole lease, on this client's clock): if its "
+                f"holder crashed, a wait_timeout of at least {(self._seen_lease_ms + 2 * POLL_INTERVAL_MS) / 1000:g} s "
+                "takes it over in one run, on any host")
 
     def cancel(self) -> None:
         """Give up an acquisition from any thread. The waiting stops at its next step, and a write
@@ -932,6 +946,7 @@ class Lease:
         owner, version, stored_lease_ms, _, waiting, _ = row
         now_ns = self._mono()
         seen_ns = self._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
+        self._seen_unchanged_ns, self._seen_lease_ms = seen_ns, stored_lease_ms
         remaining_ns = stored_lease_ms * _NS_PER_MS - seen_ns
         if remaining_ns > 0:
             self._hint_ns = remaining_ns

@@ -125,6 +125,12 @@ def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore
         client.close()
 
 
+def _after_last_renewal() -> str:
+    """Why a takeover can come sooner than a lease after the kill: it is counted from the dead holder's
+    last renewal, which came before the kill."""
+    return f"one lease ({LEASE_S:g} s) after its last renewal, which came before the kill"
+
+
 def prepare_store(options: StoreOptions, cleanup: list[Callable[[], object]],
                   say: Callable[[str], None]) -> StoreOptions:
     """The options the workers use: a temporary SQLite file, a moto server, a redis-server or a
@@ -142,9 +148,8 @@ def prepare_store(options: StoreOptions, cleanup: list[Callable[[], object]],
     elif options.store == "dynamodb" and options.endpoint_url is None:
         try:
             from .testing.moto_server import MotoServer
-        except ImportError:
-            raise DemoError("--store dynamodb without --endpoint-url starts a moto server: pip install "
-                            "'moto[server]'") from None
+        except ImportError as error:  # its message names the one install command
+            raise DemoError(f"--store dynamodb without --endpoint-url starts a moto server, but {error}") from None
         moto_server = MotoServer()
         endpoint_url = moto_server.start(timeout_s=60.0)
         cleanup.append(moto_server.stop)
@@ -293,8 +298,8 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
                         killed["takeover_s"] = acquired - killed["at"]
                         killed["taken_by"] = index
                         say(f"[{acquired - start_at:5.1f}s] worker {index} took over {customer} "
-                            f"{killed['takeover_s']:.2f} s after worker {killed['worker']} was killed "
-                            "(the lease runs from its last renewal, not from the kill)")
+                            f"{killed['takeover_s']:.2f} s after worker {killed['worker']} was killed, "
+                            f"{_after_last_renewal()}")
                 elif kind == "done":
                     stats[index]["renewals"] += event[3]
                     if holders.get(event[2]) == index:
@@ -397,10 +402,9 @@ def _print_table(summary: dict[str, Any], say: Callable[[str], None]) -> None:
         say("no worker held a lease at halftime, so none was killed")
     elif "takeover_s" in killed:
         say(f"takeover: worker {killed['taken_by']} took {killed['customer']} over {killed['takeover_s']:.2f} s "
-            f"after worker {killed['worker']} was killed")
-        say(f"  counted from the holder's last confirmed write, its last renewal (one every {LEASE_S / 3:.2f} s), "
-            "not from the kill:")
-        say(f"  the takeover comes at least one lease ({LEASE_S:g} s) after that write, which can be before the kill")
+            f"after worker {killed['worker']} was killed,")
+        say(f"  {_after_last_renewal()}: a holder renews every {LEASE_S / 3:.2f} s, so a takeover can come "
+            f"{LEASE_S * 2 / 3:.2f} s after the kill")
     else:
         say(f"worker {killed['worker']} was killed holding {killed['customer']}; nobody asked for it again in time")
     lost = sum(row.get("lost", 0) for row in summary["workers"])

@@ -47,7 +47,7 @@ import threading
 import time
 from typing import IO, Callable, Deque, Mapping, Optional, Sequence
 
-__all__ = ["HOST", "ServerNotReady", "ServerProcess", "free_port", "watch_parent"]
+__all__ = ["HOST", "ServerNotReady", "ServerProcess", "free_port", "serve_until_stopped", "watch_parent"]
 
 #: The only address the test servers bind: a fake AWS endpoint or a throwaway Redis never leaves loopback.
 HOST = "127.0.0.1"
@@ -281,6 +281,47 @@ def _guard(
             shutil.rmtree(remove_after_stop, ignore_errors=True)
     # A server killed by a signal: report it the way a shell does.
     return returncode if returncode >= 0 else 128 - returncode
+
+
+def serve_until_stopped(prog: str, description: str, start: Callable[[Optional[int]], str],
+                        stop: Callable[[], None], unavailable: type[Exception],
+                        argv: Optional[Sequence[str]] = None, port_option: bool = True) -> int:
+    """The command line of a test server module (``python -m fastlease.testing.redis_server`` and the
+    others): start it (``--port``, 0 or left out for a free one, where ``port_option``), print one
+    ``READY <address>`` line on stdout, serve until SIGTERM or SIGINT, stop it and return 0. A server
+    that cannot start (``unavailable``) is one line on stderr and 1; a bad port, argparse's 2."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    if port_option:
+        parser.add_argument("--port", type=int, default=0, help="port to bind; 0 (the default) picks a free one")
+    args = parser.parse_args(argv)
+    port = getattr(args, "port", 0)
+    if not 0 <= port <= 65535:
+        parser.error(f"--port must be in 0..65535, got {port}")
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            address = start(port or None)
+        except unavailable as error:
+            sys.stderr.write(f"{prog}: error: {error}\n")
+            return 1
+        try:
+            sys.stdout.write(f"READY {address}\n")
+            sys.stdout.flush()
+            while not stopping.wait(1.0):  # woken by the signal handler; the timeout only re-checks
+                pass
+        finally:
+            stop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
 
 
 #: The guard's options (see the module docstring), each followed by its value.

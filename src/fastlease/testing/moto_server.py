@@ -20,9 +20,10 @@ or from tests and benchmarks::
     with MotoServer() as server:
         client = boto3.client("dynamodb", endpoint_url=server.endpoint_url, ...)
 
-moto is a test dependency (``pip install 'moto[server,dynamodb]'``). Its heavy imports happen lazily, in the
-server process only; importing this module just checks that moto is installed, so that a missing moto is
-reported here, by name, rather than as a child process that never becomes ready.
+moto is a test dependency (``pip install 'fastlease[testing]'`` installs it, with boto3 and pytest). Its
+heavy imports happen lazily, in the server process only; importing this module just checks that moto is
+installed, so that a missing moto is reported here, by name, rather than as a child process that never
+becomes ready.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ __all__ = ["MotoServer", "SerialisedWSGIApp", "serve", "main", "ALLOWED_HOST", "
 
 #: The only address the server binds. Tests must never expose a fake AWS endpoint beyond loopback.
 ALLOWED_HOST = HOST
-#: What to run where moto's server mode is missing.
-INSTALL_HINT = "pip install 'moto[server,dynamodb]'"
+#: What to run where moto's server mode is missing: the extra that installs what fastlease.testing needs.
+INSTALL_HINT = "pip install 'fastlease[testing]'"
 #: The start of the one line the server prints on stdout once it listens: ``READY http://127.0.0.1:<port>``.
 READY_PREFIX = "READY "
 

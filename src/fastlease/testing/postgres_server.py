@@ -1,6 +1,9 @@
 """A throwaway PostgreSQL server for tests, benchmarks and the demo: a fresh cluster (``initdb``) in a
 temporary directory, its postmaster on a free 127.0.0.1 port, stopped by its PID.
 
+From a shell, ``python -m fastlease.testing.postgres_server [--port N]`` prints ``READY <DSN>`` and serves
+until SIGTERM or Ctrl-C.
+
 ``PostgresServer().start()`` returns ``postgresql://postgres@127.0.0.1:<port>/postgres``: the role
 ``postgres``, trusted without a password, and reachable on loopback only (TCP on 127.0.0.1, and a unix
 socket in the temporary directory). Durability is off (``fsync``, ``synchronous_commit``,
@@ -24,11 +27,12 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
-from ._process import HOST, ServerNotReady, ServerProcess
+from ._process import HOST, ServerNotReady, ServerProcess, serve_until_stopped
 
 __all__ = ["PostgresServer", "PostgresServerUnavailable", "postgres_bin_dir"]
 
@@ -241,3 +245,15 @@ def _server_environment() -> dict[str, str]:
     environment = {name: value for name, value in os.environ.items() if not name.startswith("PG")}
     environment.update(LC_ALL="C", LANG="C")
     return environment
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m fastlease.testing.postgres_server [--port N]``: see the module docstring."""
+    server = PostgresServer()
+    return serve_until_stopped("python -m fastlease.testing.postgres_server",
+                               "a throwaway PostgreSQL cluster on 127.0.0.1, removed when it stops",
+                               lambda port: server.start(port=port), server.stop, PostgresServerUnavailable, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

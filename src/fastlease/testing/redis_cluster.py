@@ -2,6 +2,9 @@
 replicas on free 127.0.0.1 ports, no persistence, joined by ``redis-cli --cluster create``, each node
 stopped by its PID.
 
+From a shell, ``python -m fastlease.testing.redis_cluster`` prints ``READY redis+cluster://...`` and serves
+until SIGTERM or Ctrl-C.
+
 ``RedisClusterServer().start()`` returns ``redis+cluster://127.0.0.1:<p1>,127.0.0.1:<p2>,127.0.0.1:<p3>``
 once every node says ``cluster_state:ok`` and every node reports the same owner for each of the 16384
 slots. Each node is a ``redis-server`` under the launcher of :mod:`fastlease.testing._process`, so it
@@ -36,12 +39,13 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from ._process import GUARD_GRACE_S, HOST, ServerNotReady, ServerProcess, free_port
+from ._process import GUARD_GRACE_S, HOST, ServerNotReady, ServerProcess, free_port, serve_until_stopped
 from .redis_server import READY_TEXT, redis_server_path
 
 if TYPE_CHECKING:
@@ -586,3 +590,16 @@ def _tail(output: Optional[bytes | str]) -> str:
     text = output.decode("utf-8", "replace") if isinstance(output, bytes) else (output or "")
     return _ANSI_ESCAPE.sub("", text)[-OUTPUT_TAIL_CHARS:]
 
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m fastlease.testing.redis_cluster``: see the module docstring."""
+    cluster = RedisClusterServer()
+    return serve_until_stopped("python -m fastlease.testing.redis_cluster",
+                               "a throwaway three-node Redis Cluster on 127.0.0.1, no persistence",
+                               lambda port: cluster.start(), cluster.stop, RedisClusterUnavailable, argv,
+                               port_option=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,6 @@
 """A throwaway ``redis-server`` for tests, benchmarks and the demo: started on a free 127.0.0.1 port
-with no persistence, stopped by its PID.
+with no persistence, stopped by its PID. From a shell, ``python -m fastlease.testing.redis_server
+[--port N]`` prints ``READY redis://127.0.0.1:<port>/0`` and serves until SIGTERM or Ctrl-C.
 
 ``RedisServer().start()`` returns its ``redis://127.0.0.1:<port>/0`` URL. The server runs under the
 launcher of :mod:`fastlease.testing._process`, so it also stops when this process dies without
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Optional
+import sys
+from typing import Optional, Sequence
 
-from ._process import HOST, ServerNotReady, ServerProcess
+from ._process import HOST, ServerNotReady, ServerProcess, serve_until_stopped
 
 __all__ = ["RedisServer", "RedisServerUnavailable", "redis_server_path"]
 
@@ -94,3 +96,15 @@ class RedisServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m fastlease.testing.redis_server [--port N]``: see the module docstring."""
+    server = RedisServer()
+    return serve_until_stopped("python -m fastlease.testing.redis_server",
+                               "a throwaway redis-server on 127.0.0.1, no persistence",
+                               lambda port: server.start(port=port), server.stop, RedisServerUnavailable, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
