@@ -205,7 +205,8 @@ def test_the_budget_in_the_message_is_the_one_given(make_client, clock, wait_tim
     holder = make_client(clock=clock)
     contender = make_client(clock=clock)
     with SyncDistributedLock(holder, table="locks", key="k", lease_duration=60):
-        with pytest.raises(LockNotAcquired, match=f"not acquired within {shown}$"):
+        # (then, the row having stayed unchanged, how long a takeover needs: test_takeover.py)
+        with pytest.raises(LockNotAcquired, match=f"not acquired within {shown}(;|$)"):
             with SyncDistributedLock(contender, table="locks", key="k", wait_timeout=wait_timeout):
                 pass
 
@@ -232,7 +233,8 @@ def test_a_store_error_followed_by_plain_contention_is_not_blamed(make_client, c
         with caplog.at_level("WARNING", logger="fastlease"), pytest.raises(LockNotAcquired) as info:
             with SyncDistributedLock(contender, table="locks", key="k", wait_timeout=1):
                 pass
-    assert str(info.value) == "lease on 'k' in table 'locks' not acquired within 1s"
+    assert str(info.value).startswith("lease on 'k' in table 'locks' not acquired within 1s")
+    assert "store error" not in str(info.value)
     assert not [r for r in caplog.records if r.levelname == "WARNING" and "reached" in r.getMessage()]
 
 

@@ -23,6 +23,7 @@ import os
 import re
 import signal
 import sqlite3
+import sys
 import tempfile
 import threading
 import time
@@ -331,7 +332,13 @@ def _script_calls(entries: list[dict[str, Any]], name: str, key: str) -> list[in
 
     script = next(s for s in store.NODE_SCRIPTS.all if s.name == name)
     prefix = f"EVALSHA {script.sha.decode()} 1 {store.lease_key('locks', key).decode()} "
-    return [i for i, entry in enumerate(entries) if entry["command"].startswith(prefix)]
+
+    def refused(at: int) -> bool:  # answered NOSCRIPT: the same client's next command loads the script
+        port = entries[at].get("client_port")
+        later = next((entry for entry in entries[at + 1:] if entry.get("client_port") == port), None)
+        return later is not None and later["command"].startswith("SCRIPT LOAD")
+
+    return [i for i, entry in enumerate(entries) if entry["command"].startswith(prefix) and not refused(i)]
 
 
 @pytest.fixture
@@ -729,3 +736,79 @@ def test_a_thousand_leases_renew_from_the_renewal_process_on_a_few_threads(tmp_p
     assert len(new - new_python) <= 1
     with sqlite3.connect(tmp_path / "locks.db") as db:
         assert db.execute('SELECT count(*) FROM "fastlease_lock_locks" WHERE owner IS NOT NULL').fetchone() == (0,)
+
+
+# ---- 8. one renewal process per holder process, replaced when it dies --------------------------------
+def _hold_gil(seconds: float) -> None:
+    """Hold the GIL for ``seconds``: sum() C calls back to back, no other thread given the GIL between."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            sum(range(200_000))
+    finally:
+        sys.setswitchinterval(previous)
+
+
+@pytest.mark.server
+def test_three_clients_on_two_stores_share_one_renewal_process(tmp_path, redis_url, renewal_processes):
+    from fastlease import RedisClient
+
+    clients = [SQLiteClient(tmp_path / "a.db"), SQLiteClient(tmp_path / "b.db"), RedisClient(redis_url)]
+    guards = [SyncDistributedLock(client, table="locks", key=f"shared-{index}", lease_duration=LEASE_S)
+              for index, client in enumerate(clients)]
+    try:
+        for guard in guards:
+            guard.__enter__()
+        pids = {_renewal_pid(client, renewal_processes) for client in clients}
+        assert len(pids) == 1, pids
+        assert _until(lambda: all(_renewals(guard) >= 2 for guard in guards), 5)
+        assert [client.engine.link.renewing for client in clients] == [1, 1, 1]
+        guards[0].__exit__(None, None, None)
+        clients[0].close()  # one client leaves: the others renew on, in the same process
+        _PAUSE.wait(0.8)
+        assert all(guard.is_valid() for guard in guards[1:]) and clients[2].engine.link.pid == pids.pop()
+    finally:
+        for guard, client in zip(guards, clients):
+            if guard.state == "held":
+                guard.__exit__(None, None, None)
+            client.close()
+
+
+def test_a_killed_renewal_process_is_replaced_and_takes_the_held_lease_back(tmp_path, caplog, renewal_processes):
+    from fastlease import _renewal_link
+
+    client = SQLiteClient(tmp_path / "locks.db")
+    first = SyncDistributedLock(client, table="locks", key="survivor", lease_duration=LEASE_S)
+    second = SyncDistributedLock(client, table="locks", key="next", lease_duration=LEASE_S)
+    link = client.engine.link
+    try:
+        with caplog.at_level(logging.WARNING, logger="fastlease.renewal"):
+            first.__enter__()
+            old = _renewal_pid(client, renewal_processes)
+            assert _until(lambda: _renewals(first) >= 1, 5)
+            os.kill(old, signal.SIGKILL)  # the OOM killer
+            # The holder notices at its next look, and renews the lease itself meanwhile.
+            assert _until(lambda: link.renewing == 0, 5) and first.is_valid()
+            in_process = _renewals(first)
+            assert _until(lambda: _renewals(first) >= in_process + 2, 5) and first.is_valid()
+        warnings = [r.getMessage() for r in caplog.records if r.name == "fastlease.renewal"]
+        assert len(warnings) == 1 and "a new renewal process starts at the next lease" in warnings[0], warnings
+        hub = _renewal_link._hub()
+        assert _until(lambda: time.monotonic() >= hub._restart_at, _renewal_link.RESTART_MAX_S)
+        second.__enter__()  # the next lease starts a new renewal process ...
+        new = _renewal_pid(client, renewal_processes)
+        assert new != old
+        # ... and the held lease goes back to it from its own renewal step.
+        assert _until(lambda: link.renewing == 2, 5), link.renewing
+        before = _renewals(first)
+        _hold_gil(2.5)  # renewed through a GIL-holding call again: it is the renewal process's once more
+        assert first.is_valid() and second.is_valid()
+        assert _renewals(first) >= before + 4
+    finally:
+        for guard in (first, second):
+            if guard.state == "held":
+                guard.__exit__(None, None, None)
+        client.close()
+    assert first.state == second.state == "released"

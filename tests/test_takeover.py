@@ -184,3 +184,12 @@ def test_a_wait_as_long_as_the_lease_gets_no_takeover_advice(make_client, clock,
             with SyncDistributedLock(make_client(clock=clock), table="locks", key="live", wait_timeout=12):
                 pass
     assert "a takeover needs" not in str(info.value)
+
+
+def test_a_row_renewed_during_the_wait_gets_no_takeover_advice(make_client, clock, store):
+    holder = make_client(clock=clock)
+    with SyncDistributedLock(holder, table="locks", key="live", lease_duration=3):  # renewed every 1 s
+        with pytest.raises(LockNotAcquired) as info:
+            with SyncDistributedLock(make_client(clock=clock), table="locks", key="live", wait_timeout=2.5):
+                pass
+    assert "a takeover needs" not in str(info.value)  # its holder is alive: the version changed meanwhile

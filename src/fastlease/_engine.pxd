@@ -102,12 +102,14 @@ cdef class Lease:
     cdef public int64_t _renew_at_ns
     cdef public bint _renewing
     cdef int64_t _link_id
+    cdef tuple _delegation_base
     cdef object _link
     cdef object _listener
     cdef object _observer
     cdef object _observed
     cdef int64_t _hint_ns
     cdef int64_t _seen_unchanged_ns, _seen_lease_ms
+    cdef object _first_seen, _last_seen
     cdef bint _row_seen
     cdef int64_t _acquire_start_ns
     cdef bint _others_waiting
@@ -155,6 +157,8 @@ cdef class Lease:
     cdef int64_t _renew_step(self, int64_t now_ns) except? -1
     @cython.locals(lapsed=bint)
     cdef int64_t _confirm_renewal(self, object old_version, str new_version, int64_t mono_ns, int64_t wall_ns) except? -1
+    cdef _hand_back(self, int64_t mono_ns, int64_t wall_ns)
+    cdef void _count_delegated_requests(self, tuple counters)
     @cython.locals(link_id=int64_t)
     cpdef _end_delegation(self)
     @cython.locals(budget_ns=int64_t, deleted=bint, lapsed=bint, synced=bint)

@@ -562,6 +562,9 @@ class Lease:
         self._renew_errors = 0  # consecutive failed renewal requests; renewal thread only
         self._renew_at_ns = 0  # due time of the live heap entry; 0 when unscheduled (under scheduler lock)
         self._renewing = False  # a worker runs its renewal step now (under scheduler lock)
+        # What this lease counted (renew writes, reads, conditional and request failures, renewals) before a
+        # hand-back to a renewal process, whose reports count from 0: written under _mutex.
+        self._delegation_base = (0, 0, 0, 0, 0)
         # The renewal process renews this lease: its registration id with the client's link, else 0.
         # Set by the caller's thread before renewal is scheduled; cleared once, under _mutex.
         self._link_id = 0
@@ -571,6 +574,8 @@ class Lease:
         # needs): for the message of a wait that ends before the takeover could come. Caller only.
         self._seen_unchanged_ns = 0
         self._seen_lease_ms = 0
+        self._first_seen: Optional[tuple[str, str]] = None  # (owner, version) at this wait's first sighting
+        self._last_seen: Optional[tuple[str, str]] = None  # and at its last; caller only
         self._acquire_start_ns = 0  # when acquire() began; caller only
         # Others wait for the key: our deleted row carried a waiting mark, or while waiting for this
         # turn we saw a mark we had not made. Caller only.
@@ -719,6 +724,11 @@ class Lease:
         return self._client
 
     @property
+    def renewal_link(self) -> Any:
+        """The client's renewal link (``_renewal_link.RenewalLink``), or None: renewals stay here."""
+        return self._link
+
+    @property
     def request_timeout_s(self) -> float:
         """The bound on each request of this lease (s): the engine's rule, min(lease/3, 5 s)."""
         return request_timeout_ns(self.lease_ms) / 1e9
@@ -863,8 +873,8 @@ class Lease:
         elif self._scheduler.holds(self._cache_key, self):
             message += ("; this client already holds that key (guards are not reentrant: the holder may be "
                         "an outer block of this very thread)")
-        elif self._row_seen and self.wait_ms < self._seen_lease_ms:
-            message += self._takeover_advice()
+        elif self._row_seen and self.wait_ms < self._seen_lease_ms and self._first_seen == self._last_seen:
+            message += self._takeover_advice()  # (the row never changed while we waited: its holder may be dead)
         raise LockNotAcquired(message, key=self.key) from last_error
 
     def _takeover_advice(self) -> str:
@@ -947,6 +957,9 @@ class Lease:
         now_ns = self._mono()
         seen_ns = self._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
         self._seen_unchanged_ns, self._seen_lease_ms = seen_ns, stored_lease_ms
+        self._last_seen = (owner, version)
+        if self._first_seen is None:
+            self._first_seen = self._last_seen
         remaining_ns = stored_lease_ms * _NS_PER_MS - seen_ns
         if remaining_ns > 0:
             self._hint_ns = remaining_ns
@@ -1080,7 +1093,7 @@ class Lease:
             pulse = self._link.fast_pulse  # the link's checks are done: the registration is one C call
             if pulse is not None:
                 self._link_id = pulse.register(self, self.table, self.key, owner, version, self.lease_ms, fence,
-                                               mono_ns, wall_ns, self._hold_until_ns)
+                                               mono_ns, wall_ns, self._hold_until_ns, self._link.store_id)
             else:
                 self._link_id = self._link.register(self, mono_ns, wall_ns, self._hold_until_ns)
         self._scheduler.schedule(self, mono_ns + renew_interval_ns(self.lease_ms))
@@ -1155,10 +1168,34 @@ class Lease:
                 self._renew_pending = (new_version, mono_ns, wall_ns)
             return min(self._mono() + retry_ns, deadline_ns)
         if applied:
-            return self._confirm_renewal(version, new_version, mono_ns, wall_ns)
+            next_ns = self._confirm_renewal(version, new_version, mono_ns, wall_ns)
+            if next_ns and self._link is not None and self.lease_ms >= DELEGATE_MIN_LEASE_MS:
+                self._hand_back(mono_ns, wall_ns)
+            return next_ns
         self._renew_conditional_failures += 1
         self._mark_lost("stolen")
         return 0
+
+    def _hand_back(self, mono_ns: int, wall_ns: int) -> None:
+        """Right after a renewal confirmed here, on the renewal thread (so no renewal of this lease is in
+        flight in this process): if a renewal process is ready again (the last one died, or none could
+        start at the acquisition), register the lease with it, with this renewal's version and stamps;
+        it renews from there, and this thread only watches again."""
+        link = self._link
+        if not link.takes_back():
+            return
+        link_id = link.register(self, mono_ns, wall_ns, self._hold_until_ns)
+        if not link_id:
+            return
+        with self._mutex:
+            taken = self.state == HELD and not self._link_id and not self._renewal_stopped
+            if taken:
+                self._link_id = link_id
+                # Its reports count from 0 again: what was counted here so far stays.
+                self._delegation_base = (self._renew_writes, self._renew_reads, self._renew_conditional_failures,
+                                         self._renew_request_failures, self._renewals)
+        if not taken:  # released, lost or at max_hold meanwhile: the renewal process must not renew it
+            link.stop(self, link_id)
 
     def _confirm_renewal(self, old_version: Optional[str], new_version: str, mono_ns: int, wall_ns: int) -> int:
         with self._mutex:
@@ -1209,13 +1246,12 @@ class Lease:
             # A renewal counts only if its write was sent within the validity it extends: the
             # renewal process itself never reports one confirmed after validity ended.
             if self._valid_at(mono_ns, wall_ns):
-                renewed = counters[4] - self._renewals
-                self._renewals = counters[4]
+                renewed = self._delegation_base[4] + counters[4] - self._renewals
+                self._renewals = self._delegation_base[4] + counters[4]
                 if self.state == HELD and self._link_id:
                     self.version = version
                     self._set_validity(mono_ns, wall_ns)
-            (self._renew_writes, self._renew_reads, self._renew_conditional_failures,
-             self._renew_request_failures) = counters[:4]
+            self._count_delegated_requests(counters)
         observed = self._observed
         if observed is not None and renewed > 0:
             cast("Observer", self._observer).renewed(self, observed, renewed)
@@ -1225,9 +1261,17 @@ class Lease:
         request counters count; its renewals only as far as reports extended validity here."""
         with self._mutex:
             self._link_id = 0
-            (self._renew_writes, self._renew_reads, self._renew_conditional_failures,
-             self._renew_request_failures) = counters[:4]
+            self._count_delegated_requests(counters)
         self._mark_lost(cause)
+
+    def _count_delegated_requests(self, counters: tuple[int, int, int, int, int]) -> None:
+        """Under _mutex: the renewal process's request counters (its own lease's, from 0 at its adoption),
+        on top of what this lease counted before it was handed over."""
+        base = self._delegation_base
+        self._renew_writes = base[0] + counters[0]
+        self._renew_reads = base[1] + counters[1]
+        self._renew_conditional_failures = base[2] + counters[2]
+        self._renew_request_failures = base[3] + counters[3]
 
     def adopt(self, owner: str, version: str, fence: Optional[int], mono_ns: int, wall_ns: int,
               hold_until_ns: int) -> bool:

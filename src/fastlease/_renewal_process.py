@@ -1,9 +1,10 @@
-"""The renewal process: renews one client's leases while the holder's own threads may be stuck.
+"""The renewal process: renews a holder process's leases while the holder's own threads may be stuck.
 
-Started by ``_renewal_link.RenewalLink`` as ``python -m fastlease._renewal_process SOCKET PIPE``; it
-runs the same engine (``Lease.adopt`` takes over the holder's confirmed acquisition, and the engine's
-renewal scheduler and steps renew it, with reconciliation of unknown outcomes), on a store rebuilt
-from the holder's settings. It adds three rules of its own:
+Started by ``_renewal_link`` (one per holder process) as ``python -m fastlease._renewal_process SOCKET
+PIPE``; it runs the same engine (``Lease.adopt`` takes over the holder's confirmed acquisition, and the
+engine's renewal scheduler and steps renew it, with reconciliation of unknown outcomes), on each store
+the holder's clients described (a STORE message each, built when it arrives, so that only the modules
+of stores in use are imported). It adds three rules of its own:
 
 * it sends a request only within ``PULSE_SILENCE_MS`` of the holder's last pulse (``GatedStore``):
   a holder stopped as a whole renews nothing, so a contender takes over after the lease;
@@ -28,7 +29,19 @@ import time
 import types
 
 from . import _impl
-from ._renewal_link import CREDENTIALS, LOST, PULSE_SILENCE_MS, READY, RENEWED, STOP, STOPPED, frame, split_frames
+from ._renewal_link import (
+    CREDENTIALS,
+    DROP,
+    LOST,
+    PULSE_SILENCE_MS,
+    READY,
+    RENEWED,
+    STOP,
+    STOPPED,
+    STORE,
+    frame,
+    split_frames,
+)
 from .exceptions import StoreError
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
@@ -38,8 +51,8 @@ if TYPE_CHECKING:
 _log = logging.getLogger("fastlease.renewal")
 _PIPE_HEAD = struct.Struct("=IQ")
 # A registration (``_core.Pulse.register``): lease_ms, fence (-1: none), the acquisition's monotonic and
-# wall stamps, max_hold's end (0: none); then table, key, owner and version.
-_NUMBERS = struct.Struct("=5q")
+# wall stamps, max_hold's end (0: none), the store id; then table, key, owner and version.
+_NUMBERS = struct.Struct("=6q")
 _TEXT_LENGTH = struct.Struct("=H")
 
 
@@ -110,40 +123,46 @@ def build_store(config: Any, credentials: Any) -> Any:
     raise ValueError(f"unknown store kind {kind!r}")
 
 
+class _Store:
+    """One holder client's store, as this process renews on it: the store rebuilt from its settings,
+    behind the pulse gate, and an engine of its own (its scheduler and workers)."""
+
+    def __init__(self, config: Any, credentials: Any, pulses: Pulses, renewed: Any, core: Any) -> None:
+        self.store = build_store(config, credentials)
+        self.gate = GatedStore(self.store, pulses)
+        self.engine = core.Engine(self.gate, None, core.ObservationCache(16))
+        self.engine.renewal_listener = renewed
+        self.client = types.SimpleNamespace(engine=self.engine)
+
+    def close(self) -> None:
+        self.engine.close()
+        close = getattr(self.store, "close", None)
+        if close is not None:
+            close()
+
+
 class RenewalProcess:
+    """The holder's stores (added by STORE, removed by DROP), their adopted leases, and the reports."""
+
     def __init__(self, sock: socket.socket, pipe: int) -> None:
         self._sock = sock
         self._pipe = pipe
         self._pulses = Pulses()
         self._buffer = bytearray()
         self._pipe_buffer = bytearray()
+        self._core = _impl.core
+        self._stores: dict[int, _Store] = {}  # store id -> the store, as the holder's STORE gave it
+        # Registrations of a store whose STORE has not been read yet (the pipe was read first): adopted
+        # once it is, with the stamps of the acquisition, so the wait can only cost validity.
+        self._parked: dict[int, list[tuple[int, bytes]]] = {}
         self._leases: dict[int, Any] = {}  # registration id -> the lease renewed here
         self._ids: dict[int, int] = {}  # id() of such a lease -> its registration id
+        self._store_of: dict[int, int] = {}  # registration id -> its store id
         self._outbox: dict[int, tuple[Any, ...]] = {}  # the latest report per lease: newer ones replace it
         self._outbox_ready = threading.Condition()
         self._closing = False
-        self._early: list[Any] = []
-        config, credentials = self._read_first_frame()
-        self.store = build_store(config, credentials)
-        core = _impl.core
-        self._core = core
-        self._gate = GatedStore(self.store, self._pulses)
-        self.engine = core.Engine(self._gate, None, core.ObservationCache(16))
-        self.engine.renewal_listener = self._renewed
-        self._client = types.SimpleNamespace(engine=self.engine)
         threading.Thread(target=self._send_reports, name="fastlease-renewal-reports", daemon=True).start()
         self._report(0, (READY, 0, "", os.getpid(), 0, (0, 0, 0, 0, 0)))
-
-    def _read_first_frame(self) -> Any:
-        while True:
-            messages = split_frames(self._buffer)
-            if messages:
-                self._early = messages[1:]  # a "stop" can come before we ran: handled first in run()
-                return messages[0]
-            data = self._sock.recv(65536)
-            if not data:
-                raise SystemExit(0)
-            self._buffer += data
 
     # ---- reports to the holder -----------------------------------------------------------------
     def _report(self, link_id: int, message: tuple[Any, ...]) -> None:
@@ -160,15 +179,17 @@ class RenewalProcess:
 
     def _forget(self, link_id: int) -> Any:
         lease = self._leases.pop(link_id, None)
+        self._store_of.pop(link_id, None)
         if lease is not None:
             self._ids.pop(id(lease), None)
         return lease
 
     def _lost(self, link_id: int, cause: str) -> None:
+        store = self._stores.get(self._store_of.get(link_id, 0))
         lease = self._forget(link_id)
         if lease is None:
             return
-        if cause == "unreachable" and (lease.table, lease.key) in self._gate.paused:
+        if cause == "unreachable" and store is not None and (lease.table, lease.key) in store.gate.paused:
             cause = "expired"  # its renewals were held back because the holder was stopped
         _, _, _, counters = lease.renewal_state()
         self._report(link_id, (LOST, link_id, cause, 0, 0, counters))
@@ -188,7 +209,11 @@ class RenewalProcess:
 
     # ---- requests from the holder ----------------------------------------------------------------
     def _adopt(self, link_id: int, payload: bytes) -> None:
-        lease_ms, fence, mono_ns, wall_ns, hold_until_ns = _NUMBERS.unpack_from(payload)
+        lease_ms, fence, mono_ns, wall_ns, hold_until_ns, store_id = _NUMBERS.unpack_from(payload)
+        store = self._stores.get(store_id)
+        if store is None:
+            self._parked.setdefault(store_id, []).append((link_id, payload))
+            return
         at, texts = _NUMBERS.size, []
         for _ in range(4):  # table, key, owner, version: u16 length + UTF-8
             (size,) = _TEXT_LENGTH.unpack_from(payload, at)
@@ -196,15 +221,38 @@ class RenewalProcess:
             at += 2 + size
         table, key, owner, version = texts
         fence = None if fence < 0 else fence
-        lease = self._core.Lease(self._client, table, key, lease_ms, 0, 0,
+        lease = self._core.Lease(store.client, table, key, lease_ms, 0, 0,
                                  lambda lost: self._lost(link_id, str(lost.cause)))
         self._leases[link_id] = lease
         self._ids[id(lease)] = link_id
+        self._store_of[link_id] = store_id
         if not lease.adopt(owner, version, fence, mono_ns, wall_ns, hold_until_ns):
             self._forget(link_id)
             self._report(link_id, (LOST, link_id, "expired", 0, 0, (0, 0, 0, 0, 0)))
 
+    def _add_store(self, store_id: int, config: Any, credentials: Any) -> None:
+        self._stores[store_id] = _Store(config, credentials, self._pulses, self._renewed, self._core)
+        for link_id, payload in self._parked.pop(store_id, []):
+            self._adopt(link_id, payload)
+
+    def _drop_store(self, store_id: int) -> None:
+        """The holder's client closed: its leases stop renewing here (they lapse in the holder), unreported."""
+        for link_id in [link_id for link_id, owner in self._store_of.items() if owner == store_id]:
+            lease = self._forget(link_id)
+            if lease is not None:
+                lease.stop_renewing()
+        self._parked.pop(store_id, None)
+        store = self._stores.pop(store_id, None)
+        if store is not None:
+            store.close()
+
     def _stop(self, link_id: int) -> None:
+        for parked in self._parked.values():  # not adopted yet: nothing to stop, only to answer
+            for entry in parked:
+                if entry[0] == link_id:
+                    parked.remove(entry)
+                    self._report(link_id, (STOPPED, link_id, "", 0, 0, (0, 0, 0, 0, 0)))
+                    return
         lease = self._forget(link_id)
         if lease is None:  # lost meanwhile: its LOST report answers the holder
             return
@@ -229,11 +277,19 @@ class RenewalProcess:
 
     def _handle(self, messages: list[Any]) -> None:
         for message in messages:
-            if message[0] == STOP:
+            kind = message[0]
+            if kind == STORE:
+                self._add_store(message[1], message[2], message[3])
+            elif kind == STOP:
                 self._read_pipe()  # the registration it answers may still wait in the pipe
                 self._stop(message[1])
-            elif message[0] == CREDENTIALS:
-                self.store.update_credentials(message[1])
+            elif kind == CREDENTIALS:
+                store = self._stores.get(message[1])
+                if store is not None:
+                    store.store.update_credentials(message[2])
+            elif kind == DROP:
+                self._read_pipe()
+                self._drop_store(message[1])
 
     def _read_pipe(self) -> bool:
         try:
@@ -259,7 +315,6 @@ class RenewalProcess:
     def run(self) -> None:
         os.set_blocking(self._pipe, False)
         try:
-            self._handle(self._early)
             while True:
                 ready, _, _ = select.select([self._sock.fileno(), self._pipe], [], [], 1.0)
                 if self._pipe in ready and not self._read_pipe():
@@ -270,7 +325,8 @@ class RenewalProcess:
             with self._outbox_ready:
                 self._closing = True
                 self._outbox_ready.notify()
-            self.engine.close()
+            for store in list(self._stores.values()):
+                store.engine.close()
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -524,3 +524,28 @@ def test_matches_real_botocore_client(
     assert ours["Host"] == host
     assert ours["X-Amz-Target"] == sent["X-Amz-Target"]
     assert request.url == url
+
+
+def test_a_process_without_hashlib_signs_the_same_without_loading_openssl() -> None:
+    """The renewal process has not loaded hashlib: it signs with CPython's own SHA-256 (no libcrypto),
+    and its signatures are the ones this process, which uses OpenSSL's, makes."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from fastlease.stores._sigv4 import SigV4Signer\n"
+        "headers = SigV4Signer('eu-west-1').sign(host='dynamodb.eu-west-1.amazonaws.com', body=b'{\"k\":1}',\n"
+        "    target='DynamoDB_20120810.UpdateItem', access_key='AKID', secret_key='secret', token='tok',\n"
+        "    now_s=1_700_000_000.0)\n"
+        "print(headers['Authorization'])\n"
+        "print('_hashlib' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    authorization, loaded = done.stdout.split("\n")[:2]
+    assert loaded == "False"
+    assert "hashlib" in sys.modules  # this process signs with OpenSSL's SHA-256
+    here = SigV4Signer("eu-west-1").sign(host="dynamodb.eu-west-1.amazonaws.com", body=b'{"k":1}',
+                                         target="DynamoDB_20120810.UpdateItem", access_key="AKID",
+                                         secret_key="secret", token="tok", now_s=1_700_000_000.0)
+    assert here["Authorization"] == authorization

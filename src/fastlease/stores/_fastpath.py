@@ -33,15 +33,15 @@ from __future__ import annotations
 
 import json
 import socket
-import ssl
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 from urllib.parse import urlsplit
 
-from botocore.exceptions import BotoCoreError
-
 from ..exceptions import StoreError
+
+if TYPE_CHECKING:
+    import ssl
 from ._sigv4 import _CONTENT_TYPE, SigV4Signer
 from .dynamodb import ServiceError, classify_unsent
 
@@ -266,7 +266,12 @@ class FastTransport:
         # operation (_operation_miss) and emitted straight to the inner emitter, as the aliaser itself does.
         emitter = getattr(events, "_emitter", events)
         alias: Callable[[str], str] = getattr(events, "_alias_event_name", str)
+        from botocore.exceptions import BotoCoreError
+
         self._verify = _verify_setting(boto3_client)
+        #: What reading the credentials may raise (a refresh that failed): botocore's errors here, none
+        #: in the renewal process, whose credentials are the holder's, held as plain values.
+        self._credential_errors: tuple[type[Exception], ...] = (BotoCoreError,)
         self._setup(meta.endpoint_url, meta.region_name, credentials, emitter, alias, user_agent)
 
     @classmethod
@@ -276,6 +281,7 @@ class FastTransport:
         _, endpoint_url, region, user_agent, verify = config
         transport = cls.__new__(cls)
         transport._verify = verify
+        transport._credential_errors = ()
         held = _HeldCredentials()
         held.update(credentials)
         transport._setup(endpoint_url, region, held, None, str, user_agent)
@@ -290,7 +296,7 @@ class FastTransport:
         (which may refresh them, as before any request), or None when they cannot be read now."""
         try:
             frozen = self._credentials.get_frozen_credentials()
-        except BotoCoreError:
+        except self._credential_errors:
             return None
         expiry: Any = getattr(self._credentials, "_expiry_time", None)  # RefreshableCredentials' datetime
         return (frozen.access_key, frozen.secret_key, frozen.token,
@@ -342,7 +348,11 @@ class FastTransport:
 
     @staticmethod
     def _make_ssl_context(verify: Any) -> ssl.SSLContext:
-        """Verify certificates exactly as the boto3 client would (``_verify_setting``)."""
+        """Verify certificates exactly as the boto3 client would (``_verify_setting``). ssl is imported
+        here, for an https endpoint only: the renewal process of an http one (a local moto server)
+        then never loads OpenSSL."""
+        import ssl
+
         if verify is False:
             context = ssl.create_default_context()
             context.check_hostname = False
@@ -355,7 +365,7 @@ class FastTransport:
         body = _encode_json(params).encode()
         try:
             frozen = self._credentials.get_frozen_credentials()  # may refresh (STS, IMDS, a process)
-        except BotoCoreError as error:  # nothing was sent
+        except self._credential_errors as error:  # nothing was sent
             unsent = classify_unsent(operation, error)
             raise unsent or StoreError(f"DynamoDB {operation} not sent: {error}", maybe_committed=False) from error
         target, event, head = self._operations.get(operation) or self._operation_miss(operation)
