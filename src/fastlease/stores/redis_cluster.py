@@ -37,8 +37,9 @@ import time
 from typing import Any, Callable, Optional, Sequence, cast
 
 from ..exceptions import StoreError, StoreRequestRejected
+from ._resp import pack_command as _pack
 from .base import check_table
-from .redis import CLUSTER_SCRIPTS, RedisStore, _pack, _text, connection_kind, load_redis
+from .redis import CLUSTER_SCRIPTS, RedisStore, _text, connection_kind, load_redis
 
 _log = logging.getLogger("fastlease.stores.redis")
 
@@ -289,14 +290,15 @@ class RedisClusterStore(RedisStore):
 
     def _not_a_cluster(self, address: Address, error: StoreRequestRejected, key: str) -> StoreRequestRejected:
         """A node refused CLUSTER SLOTS: name it, and say what to connect with when it is a single
-        server (``ERR This instance has cluster support disabled``)."""
+        server (``ERR This instance has cluster support disabled``). Otherwise the store's own message
+        stands (it says, for instance, that the credentials were refused), with the node named."""
         reply = str(error.__cause__ or error)
         where = f"{address[0]}:{address[1]}"
         if "cluster support disabled" in reply:
             return StoreRequestRejected(
                 f"the Redis server at {where} is not a Redis Cluster node ({reply}): connect with "
                 f"RedisClient('redis://{where}/0'), not a redis+cluster:// URL", key=key or None)
-        return StoreRequestRejected(f"Redis Cluster node {where} refused CLUSTER SLOTS: {reply}", key=key or None)
+        return StoreRequestRejected(f"Redis Cluster node {where} refused CLUSTER SLOTS: {error}", key=key or None)
 
     def _parse_slots(self, reply: Any, asked: Address, key: str) -> list[Optional[Address]]:
         slots: list[Optional[Address]] = [None] * SLOTS
