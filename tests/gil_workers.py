@@ -120,6 +120,10 @@ def hold_through_gil_call(endpoint: str, table: str, key: str, lease_s: float, r
             result["renewals"] = lease.metrics.renewals
             link = client.engine.link
             result["renewal_pid"] = None if link is None else link.pid
+            # The end of this holder's ownership as it knows it: validity (after the renewal process's
+            # reports), or the release that follows at once, whichever comes first.
+            result["valid_until"] = lease.valid_until()
+            result["leaving"] = time.monotonic()
 
         try:
             expect(ctl, "calibrate")

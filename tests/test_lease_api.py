@@ -157,6 +157,26 @@ def test_acquire_and_release_without_with_have_the_block_s_outcomes(make_client,
     assert info.value.cause == "stolen"
 
 
+def test_valid_until_is_the_end_of_validity_on_the_monotonic_clock(make_client, clock):
+    client = make_client(clock=clock)
+    lease = SyncDistributedLock(client, table="locks", key="k", lease_duration=10)
+    assert lease.valid_until() is None  # not acquired yet
+    lease.acquire()
+    acquired_s = clock.monotonic_ns() / 1e9
+    assert lease.valid_until() == acquired_s + 9.0  # 90% of the lease from the stamp before the write
+    clock.advance(4)  # a renewal (due at 10/3 s) confirmed: validity counts from its stamp
+    assert lease.metrics.renewals == 1
+    renewed_until = lease.valid_until()
+    assert acquired_s + 12.3 < renewed_until <= acquired_s + 13.0
+    clock.jump_wall(5)  # the wall clock runs ahead: its end comes first, and is what counts
+    assert lease.valid_until() == pytest.approx(renewed_until - 5, abs=1e-6)
+    clock.jump_wall(-6)  # and a backwards jump ends validity at once
+    assert lease.valid_until() is None and not lease.is_valid()
+    with pytest.raises(LockLost, match="expired"):
+        lease.release()
+    assert lease.valid_until() is None
+
+
 def test_holder_reads_the_row_and_validates_the_key(make_client, store):
     client = make_client()
     other = make_client()
@@ -397,6 +417,7 @@ def test_every_use_of_an_inherited_guard_s_ownership_raises_in_the_child(make_cl
     uses = {
         "raise_if_lost": guard.raise_if_lost,
         "is_valid": guard.is_valid,
+        "valid_until": guard.valid_until,
         "metrics": lambda: guard.metrics,
         "owner": lambda: guard.owner,
         "fencing_token": lambda: guard.fencing_token,

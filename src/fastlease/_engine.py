@@ -750,6 +750,19 @@ class Lease:
         with self._mutex:
             return self.state == HELD and self._valid_at(self._mono(), self._wall())
 
+    def valid_until_ns(self) -> int:
+        """The ``time.monotonic_ns()`` reading at which local validity ends (the earlier of its two
+        clocks' ends), or 0 when the lease is not valid now. Reports of the renewal process are applied
+        first, as for ``is_valid``. RuntimeError in a forked child: the lease is its parent's."""
+        check_not_forked(self._pid)
+        if self._link_id:
+            self._link.sync()
+        with self._mutex:
+            mono_ns, wall_ns = self._mono(), self._wall()
+            if self.state != HELD or not self._valid_at(mono_ns, wall_ns):
+                return 0
+            return mono_ns + min(self._valid_until_mono_ns - mono_ns, self._valid_until_wall_ns - wall_ns)
+
     def raise_if_lost(self) -> None:
         """Raise LockLost unless ownership is still valid now (a local check, no request): with the
         cause of the loss, or ``not_held`` before the acquisition and after a release. RuntimeError

@@ -213,6 +213,13 @@ class LeaseView:
         False before the acquisition and after the release."""
         return bool(self._lease.is_valid())
 
+    def valid_until(self) -> Optional[float]:
+        """When local validity ends, as a ``time.monotonic()`` reading, or None when the lease is not
+        valid now (no request). ``lease.valid_until() - time.monotonic()`` is how long a side effect
+        started now may take and still finish while the lease is valid; renewals move it on."""
+        until_ns = self._lease.valid_until_ns()
+        return until_ns / 1e9 if until_ns else None
+
     def raise_if_lost(self) -> None:
         """Raise :class:`~fastlease.exceptions.LockLost` unless ownership is still valid (no request):
         with the loss's cause, or ``not_held`` before the acquisition and after the release."""
