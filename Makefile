@@ -125,6 +125,7 @@ bench: $(INSTALLED) postgresql
 	$(PY) bench/memory_cycle.py
 	$(PY) bench/dynamodb_cycle.py
 	$(PY) bench/renewal_under_load.py
+	$(PY) bench/renewal_memory.py
 	$(PY) bench/handoff.py
 	$(PY) bench/sqlite_cycle.py
 	$(PY) bench/redis_cycle.py

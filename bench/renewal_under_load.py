@@ -235,10 +235,11 @@ def child_main(spec: dict[str, Any]) -> int:
 
 
 # ---- the parent -----------------------------------------------------------------------------------------
-def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+def run_child(spec: dict[str, Any], script: str = __file__) -> dict[str, Any]:
+    """Run ``script --child SPEC`` (this one by default) and return the JSON row it prints last."""
     env = {name: value for name, value in os.environ.items() if name != "FASTLEASE_RENEWAL"}
     try:
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+        done = subprocess.run([sys.executable, os.path.abspath(script), "--child", json.dumps(spec)],
                               capture_output=True, text=True, env=env, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"error": f"no answer within {CHILD_TIMEOUT_S:g} s"}

@@ -34,7 +34,7 @@ PSYCOPG_MODULES = ["stores/test_postgres.py", "stores/test_postgres_feed.py", "t
                    "test_postgres_processes.py"]
 #: Test modules of the benchmarks, which import the scripts in ``bench/``. The wheel's suite is a copy of
 #: ``tests/`` without ``bench/`` (and their tests all need a server), so there they are not collected.
-BENCH_MODULES = ["test_bench_redis.py", "test_bench_postgres.py"]
+BENCH_MODULES = ["test_bench_redis.py", "test_bench_postgres.py", "test_bench_renewal_memory.py"]
 collect_ignore = PSYCOPG_MODULES if importlib.util.find_spec("psycopg") is None else []
 if not (Path(__file__).resolve().parent.parent / "bench").is_dir():
     collect_ignore = sorted(set(collect_ignore) | set(BENCH_MODULES))

@@ -92,6 +92,24 @@ def redis_store(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def redis_own_connection_store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The store the renewal process builds from a client's settings: the same scripts on our own RESP
+    connection (``stores/_resp.py``) instead of redis-py's."""
+    from fastlease.redis import RedisClient
+    from fastlease.stores.redis import RedisStore
+
+    request.getfixturevalue("redis_db")
+    client = RedisClient(request.getfixturevalue("redis_url"))
+    store = RedisStore.from_renewal_config(client.store.renewal_config())
+    assert store.connection_kwargs and type(store.new_connection()).__module__ == "fastlease.stores._resp"
+    try:
+        yield store
+    finally:
+        store.close()
+        client.close()
+
+
+@contextlib.contextmanager
 def redis_cluster_store(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The session's three-node Redis Cluster, every primary emptied."""
     from fastlease.redis import RedisClient
@@ -129,6 +147,7 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "dynamodb-server-boto3": lambda request: dynamodb_server_store(request, fast_path=False),
     "sqlite": sqlite_store,
     "redis": redis_store,
+    "redis-own-connection": redis_own_connection_store,
     "redis-cluster": redis_cluster_store,
     "postgres": postgres_store,
 }
@@ -136,7 +155,8 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
 #: (moto's limitation, not the adapter's), so the race test runs where the store itself is atomic.
 ATOMIC_STORES = sorted(set(STORES) - {"dynamodb-mock"})
 #: Stores that need a server process: their cases are marked ``server`` (the wheel tests deselect them).
-SERVER_STORES = {"dynamodb-server", "dynamodb-server-boto3", "redis", "redis-cluster", "postgres"}
+SERVER_STORES = {"dynamodb-server", "dynamodb-server-boto3", "redis", "redis-own-connection", "redis-cluster",
+                 "postgres"}
 #: Stores whose keys cannot hold NUL (PostgreSQL's text type): they refuse such a key with ValueError,
 #: before any request, rather than store something else.
 NUL_REFUSING_STORES = {"postgres"}

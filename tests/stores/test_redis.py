@@ -6,6 +6,7 @@ The store contract itself runs in ``test_contract.py``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -15,7 +16,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -60,6 +61,23 @@ def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])  # nothing listens once the probe is closed
+
+
+@contextlib.contextmanager
+def stalled_server(redis_url: str, seconds: float) -> Iterator[socket.socket]:
+    """The session's redis-server asleep for ``seconds`` (DEBUG SLEEP on a connection of its own, which
+    is yielded: its ``+OK`` arrives when the server wakes). Returns once a PING goes unanswered."""
+    staller = socket.create_connection(("127.0.0.1", int(redis_url.rsplit(":", 1)[1].split("/")[0])), timeout=10)
+    try:
+        staller.sendall(b"DEBUG SLEEP %g\r\n" % seconds)
+        probe = socket.create_connection(staller.getpeername(), timeout=0.05)
+        with probe:
+            probe.sendall(b"PING\r\n")
+            with pytest.raises(socket.timeout):
+                probe.recv(16)
+        yield staller
+    finally:
+        staller.close()
 
 
 # ---- the row, its expiry and its fencing counter -------------------------------------------------
@@ -201,22 +219,13 @@ def test_a_write_that_commits_after_its_timeout_is_reconciled(make_redis, redis_
     client = make_redis()
     with SyncDistributedLock(client, table="locks", key="warm-up"):
         pass  # connected: the stall below hits the acquisition's script, not the connect
-    staller = socket.create_connection(("127.0.0.1", int(redis_url.rsplit(":", 1)[1].split("/")[0])), timeout=10)
-    try:
-        staller.sendall(b"DEBUG SLEEP 1.0\r\n")
-        probe = socket.create_connection(staller.getpeername(), timeout=0.05)
-        with probe:  # the server is asleep once a PING goes unanswered
-            probe.sendall(b"PING\r\n")
-            with pytest.raises(socket.timeout):
-                probe.recv(16)
+    with stalled_server(redis_url, 1.0) as staller:
         # lease 0.6 s: each request gives up after 0.2 s, long before the server wakes.
         with SyncDistributedLock(client, table="locks", key="late", lease_duration=0.6, wait_timeout=10) as lease:
             assert redis_db.hget(lease_key("locks", "late"), "owner") == lease.owner.encode()
             assert lease.metrics.request_failures >= 1
             assert lease.fencing_token == int(redis_db.hget(lease_key("locks", "late"), "fence"))
         assert staller.recv(16).startswith(b"+OK")
-    finally:
-        staller.close()
     assert redis_db.exists(lease_key("locks", "late")) == 0  # nothing left behind
 
 
@@ -421,3 +430,123 @@ def test_a_client_with_its_own_protocol_and_decoding_works_the_same(make_redis, 
     waiter.join()
     assert waiter.token == 2 and other.store.release_feed.delivered == 1
     user_client.close()
+
+
+# ---- the renewal process's store: our own RESP connection, no redis-py ------------------------------
+def _renewal_store(client: RedisClient) -> Any:
+    """The store the renewal process builds from ``client``'s settings."""
+    from fastlease.stores.redis import RedisStore
+
+    return RedisStore.from_renewal_config(client.store.renewal_config())
+
+
+def test_the_renewal_process_renews_on_redis_without_importing_redis_py(make_redis, redis_db, redis_url):
+    client = make_redis()
+    assert client.store.put_if_absent("locks", "k", "o1", "v1", 5_000, 5.0, NO_USAGE)
+    script = textwrap.dedent(f"""
+        import sys
+        from fastlease._renewal_process import build_store
+        from fastlease.stores.base import NO_USAGE
+        store = build_store({client.store.renewal_config()!r}, None)
+        assert store.update_version_if("locks", "k", "o1", "v1", "v2", 5.0, NO_USAGE) is True
+        assert store.update_version_if("locks", "k", "o1", "v1", "v3", 5.0, NO_USAGE) is False
+        print(store.read("locks", "k", 5.0, NO_USAGE).version, "redis" in sys.modules, "hashlib" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["v2", "False", "False"]
+    assert 0 < redis_db.pttl(lease_key("locks", "k")) <= 5_000  # RENEW reset the PX
+
+
+def test_the_renewal_connection_logs_in_selects_the_database_and_names_refused_credentials(
+        make_redis, redis_db, redis_url):
+    redis_db.execute_command("ACL", "SETUSER", "renewer", "on", ">renew-pw", "~*", "+@all")
+    try:
+        url = redis_url.replace("redis://", "redis://renewer:renew-pw@").rsplit("/", 1)[0] + "/3"
+        client = make_redis(url)
+        store = _renewal_store(client)
+        try:
+            assert store.put_if_absent("locks", "k", "o1", "v1", 5_000, 5.0, NO_USAGE) == 1
+            assert store.update_version_if("locks", "k", "o1", "v1", "v2", 5.0, NO_USAGE) is True
+            import redis
+
+            db3 = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/3")
+            try:
+                assert db3.hget(lease_key("locks", "k"), "version") == b"v2"  # in database 3, as the URL says
+                db3.flushdb()
+            finally:
+                db3.close()
+        finally:
+            store.close()
+        wrong = _renewal_store(make_redis(url.replace("renew-pw", "wrong-pw")))
+        try:
+            with pytest.raises(StoreRequestRejected, match="credentials") as info:
+                wrong.read("locks", "k", 5.0, NO_USAGE)
+            assert "wrong-pw" not in str(info.value)
+        finally:
+            wrong.close()
+    finally:
+        redis_db.execute_command("ACL", "DELUSER", "renewer")
+
+
+def test_a_renewal_reply_that_comes_after_its_timeout_is_never_read_as_another_request_s(
+        make_redis, redis_db, redis_url):
+    """The stale-reply hazard of a reused connection: a RENEW that times out may still be answered. Its
+    connection is dropped, so the late reply ("1", applied) is never taken for the next request's."""
+    client = make_redis()
+    store = _renewal_store(client)
+    try:
+        assert store.put_if_absent("locks", "k", "o1", "v1", 5_000, 5.0, NO_USAGE)
+        assert store.read("locks", "k", 5.0, NO_USAGE).version == "v1"  # connected, scripts loaded
+        with stalled_server(redis_url, 0.6) as staller:
+            with pytest.raises(StoreError) as info:
+                store.update_version_if("locks", "k", "o1", "v1", "v2", 0.1, NO_USAGE)
+            assert info.value.maybe_committed
+            # The next request, on the same thread, sees the row as it is now (renewed once the server
+            # woke), not the timed-out RENEW's late reply.
+            assert store.update_version_if("locks", "k", "o1", "v1", "v3", 5.0, NO_USAGE) is False
+            assert store.read("locks", "k", 5.0, NO_USAGE).version == "v2"
+            assert staller.recv(16).startswith(b"+OK")
+    finally:
+        store.close()
+
+
+def test_settings_our_connection_does_not_know_renew_through_redis_py(redis_url):
+    from fastlease.stores import _resp
+    from fastlease.stores.redis import RedisStore
+
+    host_port = redis_url.split("//", 1)[1].split("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    ours = RedisStore.from_renewal_config(("redis", "tcp", {"host": host, "port": int(port), "db": 0}))
+    theirs = RedisStore.from_renewal_config(("redis", "tcp", {"host": host, "port": int(port), "db": 0,
+                                                               "socket_keepalive_options": {}}))
+    try:
+        assert ours._redis is _resp.library and ours.release_feed is None
+        assert theirs._redis is not _resp.library and type(theirs.new_connection()).__module__.startswith("redis.")
+        for store in (ours, theirs):
+            assert store.read("locks", "absent", 5.0, NO_USAGE) is None
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_redis_py_client_object_is_renewed_by_the_renewal_process_on_our_connection(redis_url, redis_db):
+    """redis-py 8 gives every TCP connection a sentinel object as its socket_keepalive_options default:
+    taken for a live setting, it kept a ``RedisClient(redis.Redis(...))``'s renewals in the holder,
+    where a held GIL stops them."""
+    import redis
+
+    from fastlease.stores import _resp
+
+    host, port = redis_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    client = RedisClient(redis.Redis(host=host, port=int(port), db=0, client_name="orders"))
+    try:
+        config = client.store.renewal_config()
+        assert isinstance(config, tuple) and _resp.honours(config[2]), config
+        with SyncDistributedLock(client, table="locks", key="object", lease_duration=1.0) as lease:
+            wait_until(lambda: lease.metrics.renewals >= 1, "a renewal reported by the renewal process")
+            assert client.engine.link.pid is not None and client.engine.link.renewing == 1
+            # The holder's connection and the renewal process's both carry the client's name.
+            assert [entry["name"] for entry in redis_db.client_list()].count("orders") >= 2
+    finally:
+        client.close()

@@ -9,7 +9,10 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any, Callable, Optional
+
+TYPE_CHECKING = False  # typing is not imported at run time (the renewal process imports this module)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
 
 __all__ = ["LINGER_S", "LISTENER_IDLE_EXIT_S", "LISTENER_TICK_S", "ListenerFeed", "Watch", "WatchedChannel"]
 

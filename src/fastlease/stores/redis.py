@@ -28,21 +28,27 @@ that share one hash tag); this one refuses a cluster node, whose keys would be l
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from importlib import import_module
 
 from ..exceptions import MalformedLockRow, StoreError, StoreRequestRejected
+from . import _resp
 from ._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
+from ._resp import pack_command as _pack
 from .base import NO_USAGE, LockRow, Record, UsageMeter, check_table, outcome_for_log
 
-_log = logging.getLogger("fastlease.stores.redis")
+# typing and hashlib are not imported at run time: the renewal process imports this module, and
+# each would cost it memory (hashlib loads OpenSSL, about 3.5 MiB). redis-py is optional: imported
+# when a client is made.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
 
-if TYPE_CHECKING:  # redis-py is optional: imported when a client is made
-    pass
+_log = logging.getLogger("fastlease.stores.redis")
 
 __all__ = ["RedisStore", "RedisReleaseFeed", "PREFIX"]
 
@@ -144,6 +150,21 @@ SCRIPTS = {"ACQUIRE": ACQUIRE, "TAKE_OVER": TAKE_OVER, "RENEW": RENEW, "MARK_WAI
            "RELEASE": RELEASE, "FINISH": FINISH, "OBSERVE": OBSERVE}
 
 
+def _sha1_hex(data: bytes) -> bytes:
+    """SHA1 in hex, as EVALSHA names a script: hashlib's where it is loaded already, else CPython's own
+    ``_sha1``, so that importing this module does not load OpenSSL."""
+    if "hashlib" not in sys.modules:
+        try:
+            sha1: Any = import_module("_sha1").sha1
+        except ImportError:  # another interpreter: hashlib it is
+            pass
+        else:
+            return bytes(sha1(data).hexdigest().encode())
+    import hashlib
+
+    return hashlib.sha1(data).hexdigest().encode()
+
+
 class _Script:
     """A script and its SHA1, the name EVALSHA runs it by."""
 
@@ -152,7 +173,7 @@ class _Script:
     def __init__(self, name: str, source: str) -> None:
         self.name = name
         self.source = source.encode()
-        self.sha = hashlib.sha1(self.source).hexdigest().encode()
+        self.sha = _sha1_hex(self.source)
 
 
 class ScriptSet:
@@ -248,21 +269,6 @@ class NodeLayout:
     channel = staticmethod(release_channel)
 
 
-def _pack(command: tuple[Any, ...]) -> bytes:
-    """One command in RESP (an array of bulk strings). Our arguments are only bytes, str (UTF-8) and
-    int, so this is all redis-py's encoder would do, in a third of the time."""
-    parts = [b"*%d\r\n" % len(command)]
-    for argument in command:
-        if type(argument) is str:
-            argument = argument.encode("utf-8")
-        elif type(argument) is int:
-            argument = b"%d" % argument
-        elif type(argument) is not bytes:
-            raise TypeError(f"Redis command argument of type {type(argument).__name__}")
-        parts.append(b"$%d\r\n%s\r\n" % (len(argument), argument))
-    return b"".join(parts)
-
-
 def _text(value: Any) -> Any:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
@@ -320,7 +326,9 @@ class RedisStore:
     scripts = NODE_SCRIPTS
 
     def __init__(self, connection_pool: Any) -> None:
-        self._redis = load_redis()
+        # redis-py, or, in the renewal process, ``_resp.library``: the stand-in of our own connection
+        # (``_resp.ConnectionPool``), which has the members of redis-py's that this store uses.
+        self._redis = getattr(connection_pool, "library", None) or load_redis()
         # The pool's settings only: requests never check connections out of it (see new_connection).
         self.connection_class = connection_pool.connection_class
         self.connection_kwargs = connection_pool.connection_kwargs
@@ -330,7 +338,9 @@ class RedisStore:
         self._closed = False
         #: What a request raises on NOSCRIPT (the script did not run): see run_script.
         self.no_script: Any = self._redis.exceptions.NoScriptError
-        self.release_feed: Optional[ListenerFeed] = RedisReleaseFeed(self)
+        # Waiters are woken by it; the renewal process, whose store has our own connection, never waits.
+        own = self._redis is _resp.library
+        self.release_feed: Optional[ListenerFeed] = None if own else RedisReleaseFeed(self)
 
     def __repr__(self) -> str:
         return f"RedisStore({self.describe()})"
@@ -355,6 +365,14 @@ class RedisStore:
     def connection_with(self, kwargs: dict[str, Any], resp2: bool) -> Any:
         """A connection of our class with these settings and ours (see new_connection)."""
         redis = self._redis
+        if redis is _resp.library:  # our own: no retries, replies as bytes, RESP2 (pub/sub included)
+            for name in ("socket_timeout", "socket_connect_timeout"):
+                if kwargs.get(name) is None:
+                    kwargs[name] = MAX_SOCKET_TIMEOUT_S
+            connection = self.connection_class(**kwargs)
+            with self._connections_lock:
+                self._connections.add(connection)
+            return connection
         kwargs["retry"] = redis.retry.Retry(redis.backoff.NoBackoff(), 0)
         kwargs["decode_responses"] = False  # replies as bytes: we decode them, always as UTF-8
         kwargs.pop("retry_on_error", None)
@@ -612,12 +630,17 @@ class RedisStore:
         if kind not in known:
             return f"the Redis connection class {kind.__name__} cannot be reproduced in another process"
         settings = {}
+        defaults: Optional[dict[str, Any]] = None
         for name, value in self.connection_kwargs.items():
             if name in _RENEWAL_RESET_SETTINGS or name.startswith(("maint_notifications", "orig_")):
                 continue  # replaced by new_connection(), or redis-py's own bookkeeping
             if value is None or isinstance(value, (str, bytes, int, float, bool)):
                 settings[name] = value
                 continue
+            if defaults is None:
+                defaults = _constructor_defaults(kind)
+            if name in defaults and value is defaults[name]:
+                continue  # the connection class's own default (redis-py 8's socket_keepalive_options sentinel)
             try:
                 pickle.loads(pickle.dumps(value))
             except Exception:  # noqa: BLE001 - any failure means: not reproducible
@@ -627,9 +650,14 @@ class RedisStore:
 
     @classmethod
     def from_renewal_config(cls, config: Any) -> RedisStore:
-        """A store with the connection settings ``renewal_config()`` gave (in the renewal process)."""
+        """A store with the connection settings ``renewal_config()`` gave (in the renewal process): on
+        our own connection (``_resp``) when it honours every setting, which spares the renewal process
+        redis-py's memory; else on redis-py's."""
+        kind, settings = config[1], config[2]
+        if _resp.honours(settings):
+            return cls(_resp.ConnectionPool(kind, settings))
         redis = load_redis()
-        return cls(redis.ConnectionPool(connection_class=connection_kind(config[1]), **config[2]))
+        return cls(redis.ConnectionPool(connection_class=connection_kind(kind), **settings))
 
     def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
         """Held leases of ``table`` (or only ``key``'s), as stored. SCAN, then one HGETALL each."""
@@ -666,6 +694,20 @@ class RedisStore:
             connections = list(self._connections)
         for connection in connections:
             connection.disconnect()
+
+
+def _constructor_defaults(kind: Any) -> dict[str, Any]:
+    """The default of each keyword of a redis-py connection class's constructor, along its MRO."""
+    defaults: dict[str, Any] = {}
+    for cls in reversed(kind.__mro__):
+        init = cls.__dict__.get("__init__")
+        code = getattr(init, "__code__", None)
+        if code is None:
+            continue
+        names = code.co_varnames[:code.co_argcount]
+        defaults.update(zip(names[len(names) - len(init.__defaults__ or ()):], init.__defaults__ or ()))
+        defaults.update(init.__kwdefaults__ or {})
+    return defaults
 
 
 def connection_kind(name: str) -> Any:
