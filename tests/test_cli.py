@@ -453,6 +453,16 @@ def test_status_list_and_release_on_a_server(tmp_path, served):
 
 
 # ---- PostgreSQL: the DSN and create-table ---------------------------------------------------------------
+@pytest.mark.server
+def test_a_cluster_url_on_a_single_server_names_the_url_to_give_instead(tmp_path, redis_url):
+    address = redis_url.split("//", 1)[1].split("/", 1)[0]
+    refused = fastlease("list", "--table", "locks", "--store", "redis", "--url", f"redis+cluster://{address}",
+                        cwd=tmp_path)
+    one_line_error(refused, f"the Redis server at {address} is not a Redis Cluster node")
+    assert f"give it the URL redis://{address}/0, not a redis+cluster:// URL" in refused.stderr
+    assert "RedisClient(" not in refused.stderr  # advice a command line can follow
+
+
 def test_create_table_on_postgres_makes_the_lock_table_and_a_rerun_does_nothing(tmp_path, postgres_db):
     from fastlease.postgres import PostgresClient
 

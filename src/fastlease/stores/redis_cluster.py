@@ -296,8 +296,8 @@ class RedisClusterStore(RedisStore):
         where = f"{address[0]}:{address[1]}"
         if "cluster support disabled" in reply:
             return StoreRequestRejected(
-                f"the Redis server at {where} is not a Redis Cluster node ({reply}): connect with "
-                f"RedisClient('redis://{where}/0'), not a redis+cluster:// URL", key=key or None)
+                f"the Redis server at {where} is not a Redis Cluster node ({reply}): give it the URL "
+                f"redis://{where}/0, not a redis+cluster:// URL", key=key or None)
         return StoreRequestRejected(f"Redis Cluster node {where} refused CLUSTER SLOTS: {error}", key=key or None)
 
     def _parse_slots(self, reply: Any, asked: Address, key: str) -> list[Optional[Address]]:
