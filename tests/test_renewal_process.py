@@ -130,6 +130,9 @@ class _DelegatingLink:
     def register(self, lease: Any, mono_ns: int, wall_ns: int, hold_until_ns: int) -> int:
         return 1
 
+    def registered(self, lease: Any, link_id: int) -> bool:
+        return link_id == 1
+
     def sync(self) -> None:
         pass
 
@@ -812,3 +815,120 @@ def test_a_killed_renewal_process_is_replaced_and_takes_the_held_lease_back(tmp_
                 guard.__exit__(None, None, None)
         client.close()
     assert first.state == second.state == "released"
+
+
+# ---- 9. registrations across renewal processes ---------------------------------------------------
+class _StandInPulse:
+    """Stands in for ``_core.Pulse`` in a hub driven by hand: ``register`` runs ``during_register`` (the
+    renewal process ending meanwhile) before it returns the id; ``take_back`` is recorded."""
+
+    def __init__(self, during_register: Callable[[], None] = lambda: None) -> None:
+        self.leases: dict[int, Any] = {}
+        self.taken_back: list[int] = []
+        self.during_register = during_register
+        self.child = 0
+
+    def register(self, lease: Any, *fields: Any) -> int:
+        frame_id = len(self.leases) + 1
+        self.leases[frame_id] = lease
+        self.during_register()
+        return frame_id
+
+    def take_back(self, frame_id: int) -> bool:
+        self.taken_back.append(frame_id)
+        self.leases.pop(frame_id, None)
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def _hub_running_on(client: Any, pulse: _StandInPulse) -> Any:
+    """A hub of its own for ``client``'s link, as if a renewal process were running and ready on ``pulse``."""
+    from fastlease import _renewal_link
+
+    hub = _renewal_link._Hub()
+    link = client.engine.link
+    link._hub = hub
+    hub._pulse, hub._leases, hub.fast_pulse = pulse, pulse.leases, pulse
+    hub._state, hub._reaped, hub._renewer_pid = "running", True, 1
+    hub._links[link.store_id] = link
+    return hub
+
+
+def test_a_registration_staged_while_the_renewal_process_ends_is_renewed_here(tmp_path):
+    # The renewal process ends (its leases handed back) between the staging of a registration and the
+    # engine taking its id: before, the lease kept the dead process's id, nobody renewed it, and it lapsed.
+    client = SQLiteClient(tmp_path / "locks.db", _engine_module=_impl.load("py"))
+    try:
+        hub: Any = None
+
+        def renewal_process_ends() -> None:
+            with hub._lock:
+                hub._end_locked()
+
+        hub = _hub_running_on(client, _StandInPulse(renewal_process_ends))
+        with SyncDistributedLock(client, table="locks", key="k", lease_duration=LEASE_S) as lease:
+            assert lease._lease._link_id == 0  # renewed by this process's renewal thread
+            assert _until(lambda: lease.metrics.renewals >= 2, 5.0), lease.metrics
+            assert lease.is_valid()
+    finally:
+        client.close()
+
+
+def test_a_release_leaves_alone_a_registration_id_that_now_names_another_lease(tmp_path):
+    # Registration ids start at 1 in each renewal process: after a replacement, a stale id names
+    # another lease's registration, which a release must neither take back nor stop.
+    client = SQLiteClient(tmp_path / "locks.db", _engine_module=_impl.load("py"))
+    try:
+        pulse = _StandInPulse()
+        hub = _hub_running_on(client, pulse)
+        other = SyncDistributedLock(client, table="locks", key="other", lease_duration=LEASE_S)
+        pulse.leases[1] = other._lease  # the next process's registration 1
+        mine = SyncDistributedLock(client, table="locks", key="mine", lease_duration=LEASE_S)
+        hub.stop(mine._lease, 1)
+        assert pulse.taken_back == [] and pulse.leases == {1: other._lease}
+        assert not client.engine.link.registered(mine._lease, 1) and client.engine.link.registered(other._lease, 1)
+    finally:
+        client.close()
+
+
+def test_a_report_that_raises_does_not_lose_the_reports_after_it(tmp_path, caplog):
+    import socket as socket_module
+
+    from fastlease import _renewal_link
+
+    class Failing:
+        key = "a"
+
+        def apply_renewal(self, *report: Any) -> None:
+            raise RuntimeError("an observer's bug")
+
+    class Recording:
+        key = "b"
+        losses: list[str] = []
+
+        def apply_loss(self, cause: str, counters: Any) -> None:
+            self.losses.append(cause)
+
+    client = SQLiteClient(tmp_path / "locks.db")
+    ours, theirs = socket_module.socketpair()
+    try:
+        pulse = _StandInPulse()
+        hub = _hub_running_on(client, pulse)
+        ours.setblocking(False)
+        hub._sock = ours
+        failing, recording = Failing(), Recording()
+        pulse.leases.update({1: failing, 2: recording})
+        theirs.sendall(_renewal_link.frame((_renewal_link.RENEWED, 1, "v2", 1, 1, (1, 0, 0, 0, 1)))
+                       + _renewal_link.frame((_renewal_link.LOST, 2, "stolen", 0, 0, (1, 0, 1, 0, 0))))
+        with caplog.at_level(logging.WARNING, logger="fastlease.renewal"):
+            hub.sync()
+        assert recording.losses == ["stolen"] and 2 not in pulse.leases  # applied after the failing one
+        assert any("raised" in record.getMessage() for record in caplog.records)
+    finally:
+        hub._sock = None
+        pulse.leases.clear()  # (stand-ins, not leases of the client)
+        ours.close()
+        theirs.close()
+        client.close()

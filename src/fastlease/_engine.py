@@ -1105,10 +1105,16 @@ class Lease:
         if self._link is not None and self.lease_ms >= DELEGATE_MIN_LEASE_MS:
             pulse = self._link.fast_pulse  # the link's checks are done: the registration is one C call
             if pulse is not None:
-                self._link_id = pulse.register(self, self.table, self.key, owner, version, self.lease_ms, fence,
-                                               mono_ns, wall_ns, self._hold_until_ns, self._link.store_id)
+                link_id = pulse.register(self, self.table, self.key, owner, version, self.lease_ms, fence,
+                                         mono_ns, wall_ns, self._hold_until_ns, self._link.store_id)
             else:
-                self._link_id = self._link.register(self, mono_ns, wall_ns, self._hold_until_ns)
+                link_id = self._link.register(self, mono_ns, wall_ns, self._hold_until_ns)
+            if link_id:
+                with self._mutex:
+                    # The renewal process may have ended while this was being staged, handing its
+                    # registrations back (this one too, before it was ours to clear): renewals stay here.
+                    if self._link.registered(self, link_id):
+                        self._link_id = link_id
         self._scheduler.schedule(self, mono_ns + renew_interval_ns(self.lease_ms))
         return True
 
@@ -1201,7 +1207,8 @@ class Lease:
         if not link_id:
             return
         with self._mutex:
-            taken = self.state == HELD and not self._link_id and not self._renewal_stopped
+            taken = (self.state == HELD and not self._link_id and not self._renewal_stopped
+                     and link.registered(self, link_id))
             if taken:
                 self._link_id = link_id
                 # Its reports count from 0 again: what was counted here so far stays.
@@ -1238,7 +1245,9 @@ class Lease:
         renewal applied): before a release is sent, after a loss, at ``max_hold``. No-op otherwise."""
         with self._mutex:
             link_id, self._link_id = self._link_id, 0
-        if link_id:
+        # (Only a registration with the running renewal process: one with an ended process was handed
+        # back with it, and its id may name another lease in the next.)
+        if link_id and self._link.registered(self, link_id):
             pulse = self._link.fast_pulse
             if pulse is None or not pulse.take_back(link_id):  # (a registration never written: no request)
                 self._link.stop(self, link_id)

@@ -61,6 +61,9 @@ PULSE_SILENCE_MS = 400
 #: How long a release waits for the renewal process to confirm it has stopped renewing a lease (on
 #: top of the lease's own request bound, which an in-flight renewal may take); then it is stopped.
 STOP_GRACE_S = 2.0
+#: While a release waits for that answer, it reads the socket for this long at a time, under the hub's
+#: lock, which other leases' checks take in between.
+STOP_POLL_S = 0.02
 #: After a renewal process dies, the next one starts at the next lease, this long after the death at
 #: the earliest; the wait doubles with each death up to RESTART_MAX_S, and is back to the first once a
 #: renewal process has run RESTART_MAX_S.
@@ -157,6 +160,11 @@ class RenewalLink:
         and collected, this store known to it, no per-lease check such as DynamoDB's): the engine then
         registers through it directly, one C call per lease. None otherwise."""
         return self._hub.fast_pulse if self._delegable is None and self._hub.knows(self) else None
+
+    def registered(self, lease: Any, link_id: int) -> bool:
+        """Whether ``link_id`` is ``lease``'s registration with the running renewal process: False once
+        that process has ended (its registrations were handed back), even if its id is reused since."""
+        return self._hub.holds(lease, link_id)
 
     def takes_back(self) -> bool:
         """Whether a lease of this client renewed here may go (back) to the renewal process now: one is
@@ -273,6 +281,10 @@ class _Hub:
                     return None
             return self._pulse
 
+    def holds(self, lease: Any, link_id: int) -> bool:
+        """Whether ``link_id`` is ``lease``'s registration with the running renewal process."""
+        return bool(link_id) and self._leases.get(link_id) is lease
+
     def knows(self, link: RenewalLink) -> bool:
         return self.fast_pulse is not None and link.store_id in self._links
 
@@ -285,20 +297,30 @@ class _Hub:
         applied), so the holder's release is never followed by a renewal. A registration not yet sent
         is simply taken back. A renewal process that does not answer in time is killed."""
         pulse = self._pulse
-        if pulse is None or pulse.take_back(link_id):  # never written: the renewal process never knew of it
+        # Registration ids start at 1 again in each renewal process: an id from an earlier one may name
+        # another lease in this one, which must be left alone (this lease's ended with its process).
+        if pulse is None or not self.holds(lease, link_id):
+            return
+        if pulse.take_back(link_id):  # never written: the renewal process never knew of it
             return
         if not self._send((STOP, link_id)):
             return
         deadline = time.monotonic() + lease.request_timeout_s * 2 + STOP_GRACE_S
-        with self._lock:
-            while link_id in self._leases and self._state == "running":
+        while True:
+            # The lock is taken for each read, not across the wait: other leases' checks read their
+            # reports meanwhile (a renewal process still starting answers only once it runs).
+            with self._lock:
+                if not self.holds(lease, link_id) or self._state != "running":
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     _log.warning("the renewal process did not stop renewing %r in time: stopping it", lease.key)
                     self._kill_locked()
                     break
-                self._read_locked(block_s=left)
-            self._leases.pop(link_id, None)
+                self._read_locked(block_s=min(left, STOP_POLL_S))
+        with self._lock:
+            if self.holds(lease, link_id):
+                del self._leases[link_id]
 
     def drop(self, link: RenewalLink) -> None:
         """``link``'s client closed: its leases stop renewing there (they lapse), and once no client is
@@ -355,14 +377,15 @@ class _Hub:
             lease = self._leases.get(link_id)
             if lease is None:
                 continue
-            if kind == RENEWED:
-                lease.apply_renewal(detail, mono_ns, wall_ns, counters)
-            elif kind == LOST:
+            if kind in (LOST, STOPPED):
                 del self._leases[link_id]
-                lease.apply_loss(detail, counters)
-            elif kind == STOPPED:
-                del self._leases[link_id]
-                lease.apply_renewal(detail, mono_ns, wall_ns, counters)
+            try:
+                if kind == LOST:
+                    lease.apply_loss(detail, counters)
+                else:
+                    lease.apply_renewal(detail, mono_ns, wall_ns, counters)
+            except Exception:  # noqa: BLE001 - an observer's error: the reports after it still count
+                _log.warning("applying a renewal report to %r raised", lease.key, exc_info=True)
         if ended:
             self._gone_locked("the renewal process exited")
 

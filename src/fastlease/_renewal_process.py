@@ -199,12 +199,14 @@ class RenewalProcess:
             with self._outbox_ready:
                 while not self._outbox and not self._closing:
                     self._outbox_ready.wait()
-                if self._closing:
-                    return
+                closing = self._closing
                 reports, self._outbox = list(self._outbox.values()), {}
             try:
-                self._sock.sendall(b"".join(frame(report) for report in reports))
+                if reports:  # (what is queued when closing is sent too: a last LOST or STOPPED)
+                    self._sock.sendall(b"".join(frame(report) for report in reports))
             except OSError:
+                return
+            if closing:
                 return
 
     # ---- requests from the holder ----------------------------------------------------------------
@@ -237,7 +239,8 @@ class RenewalProcess:
 
     def _drop_store(self, store_id: int) -> None:
         """The holder's client closed: its leases stop renewing here (they lapse in the holder), unreported."""
-        for link_id in [link_id for link_id, owner in self._store_of.items() if owner == store_id]:
+        # (A copy: renewal workers remove leases they lose from this dict meanwhile.)
+        for link_id in [link_id for link_id, owner in self._store_of.copy().items() if owner == store_id]:
             lease = self._forget(link_id)
             if lease is not None:
                 lease.stop_renewing()
