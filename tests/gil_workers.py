@@ -124,6 +124,7 @@ def hold_through_gil_call(endpoint: str, table: str, key: str, lease_s: float, r
             # reports), or the release that follows at once, whichever comes first.
             result["valid_until"] = lease.valid_until()
             result["leaving"] = time.monotonic()
+            result["owner"] = lease.owner
 
         try:
             expect(ctl, "calibrate")

@@ -177,7 +177,9 @@ def test_renewal_process_keeps_the_lease_through_a_gil_holding_call(target: Targ
     assert result["raise_if_lost"]["type"] is None, f"the lease was lost during the call: {result['raise_if_lost']}"
     assert result["renewals"] >= MIN_RENEWALS, f"{result['renewals']} renewals during a 4 s call at a 1 s lease"
     assert result["exit"]["type"] is None, f"the release failed: {result['exit']}"
-    assert (result["state"], result["lost_cause"], result["rows_after"]) == ("released", None, [])
+    assert (result["state"], result["lost_cause"]) == ("released", None)
+    # Released: no row of the holder's is left (the contender's own, acquired right after, may be).
+    assert [row for row in result["rows_after"] if row["owner"] == result["owner"]] == []
 
 
 @pytest.mark.parametrize("target", ["sqlite"], indirect=True)
