@@ -932,3 +932,26 @@ def test_a_report_that_raises_does_not_lose_the_reports_after_it(tmp_path, caplo
         ours.close()
         theirs.close()
         client.close()
+
+
+def test_a_renewal_process_of_another_protocol_refuses_and_renewals_stay_here(tmp_path, monkeypatch, caplog):
+    # fastlease upgraded under a running holder: the next renewal process is the installed version's,
+    # whose frames this holder would misread. It refuses at once; the holder renews its leases itself,
+    # says so, and starts no other.
+    from fastlease import _renewal_link
+
+    monkeypatch.setattr(_renewal_link, "PROTOCOL", _renewal_link.PROTOCOL + 1000)  # the installed one differs
+    monkeypatch.setattr(_renewal_link, "_the_hub", None)  # a hub of this test's own
+    client = SQLiteClient(tmp_path / "locks.db")
+    try:
+        with caplog.at_level(logging.WARNING, logger="fastlease.renewal"):
+            for key in ("first", "second"):
+                with SyncDistributedLock(client, table="locks", key=key, lease_duration=LEASE_S) as lease:
+                    assert _until(lambda: lease.metrics.renewals >= 2, 5.0), lease.metrics  # renewed here
+                    assert lease.is_valid() and client.engine.link.pid is None
+        refusals = [r.getMessage() for r in caplog.records if "renewal protocol" in r.getMessage()]
+        assert len(refusals) == 1, refusals
+        assert f"protocol {_renewal_link.PROTOCOL - 1000}, not this process's ({_renewal_link.PROTOCOL})" in refusals[0]
+        assert client.engine.link._hub._restart_at == float("inf")
+    finally:
+        client.close()

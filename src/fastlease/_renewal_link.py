@@ -70,10 +70,16 @@ STOP_POLL_S = 0.02
 RESTART_FIRST_S = 1.0
 RESTART_MAX_S = 60.0
 
+#: The frames between holder and renewal process, as this version writes and reads them: given to the
+#: renewal process on its command line, which refuses to run with another. Bump it with any change to
+#: them. (The renewal process is whatever ``python -m fastlease._renewal_process`` finds now: after an
+#: upgrade in place, a long-running holder's next one is the new version's.)
+PROTOCOL = 2
 # Holder -> renewal process, on the socket: frames of u32 length + marshal((kind, ...)).
 STOP, CREDENTIALS, STORE, DROP = 1, 2, 3, 4
-# Renewal process -> holder: (kind, id, version or cause, mono_ns, wall_ns, counters).
-RENEWED, LOST, STOPPED, READY = 1, 2, 3, 4
+# Renewal process -> holder: (kind, id, version or cause, mono_ns, wall_ns, counters). REFUSED (its
+# reason in the third field) comes instead of READY from a renewal process of another protocol.
+RENEWED, LOST, STOPPED, READY, REFUSED = 1, 2, 3, 4, 5
 _LENGTH = struct.Struct("=I")
 
 
@@ -369,10 +375,14 @@ class _Hub:
             self._buffer += data
             if len(data) < 65536:
                 break
+        refused = None
         for kind, link_id, detail, mono_ns, wall_ns, counters in split_frames(self._buffer):
             if kind == READY:
                 self._renewer_pid = mono_ns
                 self.ready_after_s = time.monotonic() - self.started_at
+                continue
+            if kind == REFUSED:
+                refused = str(detail)
                 continue
             lease = self._leases.get(link_id)
             if lease is None:
@@ -386,7 +396,13 @@ class _Hub:
                     lease.apply_renewal(detail, mono_ns, wall_ns, counters)
             except Exception:  # noqa: BLE001 - an observer's error: the reports after it still count
                 _log.warning("applying a renewal report to %r raised", lease.key, exc_info=True)
-        if ended:
+        if refused is not None and self._state == "running":
+            # Never again in this process: every renewal process started from now on is the same.
+            _log.warning("%s: the leases of this process are renewed in it, where a GIL-holding call stops "
+                         "their renewals; restart the process to have a renewal process again", refused)
+            self._restart_at = float("inf")
+            self._end_locked()
+        elif ended:
             self._gone_locked("the renewal process exited")
 
     # ---- lifecycle -----------------------------------------------------------------------------------
@@ -402,7 +418,8 @@ class _Hub:
         given = theirs.detach()
         for fd in (given, pulse_read):
             os.set_inheritable(fd, True)  # for the renewal process only: the pulse closes them once it has
-        argv = [os.path.abspath(sys.executable), "-m", "fastlease._renewal_process", str(given), str(pulse_read)]
+        argv = [os.path.abspath(sys.executable), "-m", "fastlease._renewal_process", str(given), str(pulse_read),
+                str(PROTOCOL)]
         try:
             # The pulse thread starts the process itself: it needs no GIL, so the start is not held up
             # by a thread that goes straight from its first acquisition into a long C call.

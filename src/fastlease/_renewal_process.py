@@ -1,10 +1,11 @@
 """The renewal process: renews a holder process's leases while the holder's own threads may be stuck.
 
 Started by ``_renewal_link`` (one per holder process) as ``python -m fastlease._renewal_process SOCKET
-PIPE``; it runs the same engine (``Lease.adopt`` takes over the holder's confirmed acquisition, and the
-engine's renewal scheduler and steps renew it, with reconciliation of unknown outcomes), on each store
-the holder's clients described (a STORE message each, built when it arrives, so that only the modules
-of stores in use are imported). It adds three rules of its own:
+PIPE PROTOCOL`` (it refuses to run for a holder of another ``PROTOCOL``); it runs the same engine
+(``Lease.adopt`` takes over the holder's confirmed acquisition, and the engine's renewal scheduler and
+steps renew it, with reconciliation of unknown outcomes), on each store the holder's clients described
+(a STORE message each, built when it arrives, so that only the modules of stores in use are imported).
+It adds three rules of its own:
 
 * it sends a request only within ``PULSE_SILENCE_MS`` of the holder's last pulse (``GatedStore``):
   a holder stopped as a whole renews nothing, so a contender takes over after the lease;
@@ -33,8 +34,10 @@ from ._renewal_link import (
     CREDENTIALS,
     DROP,
     LOST,
+    PROTOCOL,
     PULSE_SILENCE_MS,
     READY,
+    REFUSED,
     RENEWED,
     STOP,
     STOPPED,
@@ -343,6 +346,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     # A loss is the holder's to log (when it applies the report), not a second time here.
     logging.getLogger("fastlease.engine").setLevel(logging.ERROR)
     sock = socket.socket(fileno=int(args[0]))
+    theirs = args[2] if len(args) > 2 else "none"
+    if theirs != str(PROTOCOL):
+        # A holder of another version (fastlease was upgraded or downgraded under a running process):
+        # its frames would be misread. Say so, and exit; the holder renews its leases itself.
+        reason = (f"the installed fastlease speaks renewal protocol {PROTOCOL}, not this process's ({theirs}): it "
+                  "was upgraded or downgraded under this process")
+        try:
+            sock.sendall(frame((REFUSED, 0, reason, 0, 0, (0, 0, 0, 0, 0))))
+        except OSError:
+            pass
+        return 0
     try:
         RenewalProcess(sock, int(args[1])).run()
     except (OSError, SystemExit):
