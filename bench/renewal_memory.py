@@ -25,11 +25,10 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Optional
 
-from renewal_under_load import fastlease_client, proc_status, run_child, start_stores
+from renewal_under_load import TABLE, fastlease_client, proc_status, run_child, start_stores
 
 LIMIT_KIB = 18 * 1024
 STORES = ("sqlite", "redis", "dynamodb")
-TABLE = "renewal_locks"  # the table renewal_under_load's start_stores creates on DynamoDB
 REPORT_WAIT_S = 5.0
 
 

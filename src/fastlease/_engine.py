@@ -1245,12 +1245,8 @@ class Lease:
         renewal applied): before a release is sent, after a loss, at ``max_hold``. No-op otherwise."""
         with self._mutex:
             link_id, self._link_id = self._link_id, 0
-        # (Only a registration with the running renewal process: one with an ended process was handed
-        # back with it, and its id may name another lease in the next.)
-        if link_id and self._link.registered(self, link_id):
-            pulse = self._link.fast_pulse
-            if pulse is None or not pulse.take_back(link_id):  # (a registration never written: no request)
-                self._link.stop(self, link_id)
+        if link_id:
+            self._link.stop(self, link_id)  # (a registration not written yet is taken back, with no request)
 
     def delegation_ended(self) -> None:
         """The renewal process is gone (it died or could not start): renewals are this process's again."""

@@ -18,18 +18,19 @@ redis-py, as before (``RedisStore.from_renewal_config``).
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from typing import Any, Callable, Iterator, Optional
 
 #: The connection settings (redis-py's names) this connection honours. ``protocol`` is accepted and
 #: ignored: the replies renewal reads are the same in RESP2 and RESP3.
 SETTINGS = frozenset({
     "host", "port", "path", "db", "username", "password", "client_name", "protocol",
-    "socket_timeout", "socket_connect_timeout",
+    "socket_timeout", "socket_connect_timeout", "socket_keepalive",
     "ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_path", "ssl_ca_data",
     "ssl_check_hostname", "ssl_password", "ssl_ciphers",
 })
@@ -80,7 +81,6 @@ class exceptions:  # noqa: N801 - stands in for ``redis.exceptions``
 
 class library:  # noqa: N801 - stands in for the ``redis`` module in ``RedisStore._redis``
     exceptions = exceptions
-    own = True
 
 
 def pack_command(command: tuple[Any, ...]) -> bytes:
@@ -108,8 +108,8 @@ def honours(settings: dict[str, Any]) -> bool:
     """Whether this connection can connect with these settings (else redis-py renews)."""
     for name, value in settings.items():
         if value is None or value is False or name in SETTINGS or name in IGNORED:
-            continue  # (None and False ask for nothing: no OCSP check, no keepalive, ...)
-        if name == "socket_keepalive" or (name == "socket_type" and value == 0):
+            continue  # (None and False ask for nothing: no OCSP check, ...)
+        if name == "socket_type" and value == 0:  # 0: the address's own family, as ours does
             continue
         return False
     return True
@@ -227,14 +227,8 @@ class Connection:
         if self._sock is None:
             self.connect()
         data = packed if isinstance(packed, bytes) else b"".join(packed)
-        try:
+        with self._io("sending to"):
             self._sock.sendall(data)
-        except socket.timeout as error:
-            self.disconnect()
-            raise TimeoutError(f"sending to {self._where()} timed out") from error
-        except OSError as error:
-            self.disconnect()
-            raise ConnectionError(f"sending to {self._where()} failed: {error}") from error
 
     def send_command(self, *args: Any, check_health: bool = False) -> None:
         self.send_packed_command(pack_command(args))
@@ -252,20 +246,27 @@ class Connection:
     def read_response(self) -> Any:
         """The next reply; an error reply raises ResponseError (NoScriptError for NOSCRIPT), having
         been read whole, so the connection stays usable."""
-        try:
+        with self._io("reading from"):
             reply = self._parse()
-        except socket.timeout as error:
-            self.disconnect()
-            raise TimeoutError(f"reading from {self._where()} timed out") from error
-        except OSError as error:
-            self.disconnect()
-            raise ConnectionError(f"reading from {self._where()} failed: {error}") from error
-        except (ValueError, IndexError) as error:
-            self.disconnect()
-            raise ConnectionError(f"{self._where()} sent a reply that is not RESP: {error}") from error
         if isinstance(reply, ResponseError):
             raise reply
         return reply
+
+    @contextlib.contextmanager
+    def _io(self, doing: str) -> Iterator[None]:
+        """Socket I/O: a failure drops the connection (a reply may still be on its way, and must never
+        be read as the next request's) and becomes TimeoutError or ConnectionError."""
+        try:
+            yield
+        except socket.timeout as error:
+            self.disconnect()
+            raise TimeoutError(f"{doing} {self._where()} timed out") from error
+        except OSError as error:
+            self.disconnect()
+            raise ConnectionError(f"{doing} {self._where()} failed: {error}") from error
+        except (ValueError, IndexError) as error:  # (only parsing raises these)
+            self.disconnect()
+            raise ConnectionError(f"{self._where()} sent a reply that is not RESP: {error}") from error
 
     def _fill(self) -> None:
         data = self._sock.recv(_READ_SIZE)

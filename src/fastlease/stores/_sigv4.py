@@ -30,10 +30,11 @@ DynamoDB client). The botocore behaviour mirrored here, as of botocore 1.44:
 
 from __future__ import annotations
 
-import sys
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 from urllib.parse import quote
+
+from ._digest import constructor
 
 if TYPE_CHECKING:  # hashlib._Hash exists only in the type stubs; these names are for annotations only
     from hashlib import _Hash
@@ -53,23 +54,9 @@ _SIGNED_HEADERS_TOKEN = "content-type;host;x-amz-date;x-amz-security-token;x-amz
 # paths), so the bound only exists to stop a caller with ever-changing values from leaking memory.
 _MEMO_LIMIT = 256
 
-def _sha256_constructor() -> Any:
-    """hashlib's SHA-256 (OpenSSL's, about three times as fast) where hashlib is loaded already, as in
-    every process that made a boto3 client; else CPython's own, so that the renewal process, which
-    signs a renewal every lease/3, never loads OpenSSL's libcrypto for it (3.6 MiB resident)."""
-    if "hashlib" in sys.modules:
-        import hashlib
-
-        return hashlib.sha256
-    from importlib import import_module
-
-    try:
-        return import_module("_sha2").sha256  # CPython 3.12 and later
-    except ImportError:
-        return import_module("_sha256").sha256  # CPython 3.11
-
-
-_sha256 = _sha256_constructor()
+#: SHA-256 without loading OpenSSL in the renewal process, which signs a renewal every lease/3 (see
+#: ``_digest``).
+_sha256 = constructor("sha256")
 # HMAC (RFC 2104) pads: the key is XOR-ed with these before the inner and outer hashes.
 _IPAD = bytes(x ^ 0x36 for x in range(256))
 _OPAD = bytes(x ^ 0x5C for x in range(256))

@@ -29,14 +29,13 @@ that share one hash tag); this one refuses a cluster node, whose keys would be l
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 import weakref
-from importlib import import_module
 
 from ..exceptions import MalformedLockRow, StoreError, StoreRequestRejected
 from . import _resp
+from ._digest import constructor
 from ._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
 from ._resp import pack_command as _pack
 from .base import NO_USAGE, LockRow, Record, UsageMeter, check_table, outcome_for_log
@@ -49,6 +48,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Optional
 
 _log = logging.getLogger("fastlease.stores.redis")
+_sha1 = constructor("sha1")  # EVALSHA's name of a script, without loading OpenSSL (see _digest)
 
 __all__ = ["RedisStore", "RedisReleaseFeed", "PREFIX"]
 
@@ -150,21 +150,6 @@ SCRIPTS = {"ACQUIRE": ACQUIRE, "TAKE_OVER": TAKE_OVER, "RENEW": RENEW, "MARK_WAI
            "RELEASE": RELEASE, "FINISH": FINISH, "OBSERVE": OBSERVE}
 
 
-def _sha1_hex(data: bytes) -> bytes:
-    """SHA1 in hex, as EVALSHA names a script: hashlib's where it is loaded already, else CPython's own
-    ``_sha1``, so that importing this module does not load OpenSSL."""
-    if "hashlib" not in sys.modules:
-        try:
-            sha1: Any = import_module("_sha1").sha1
-        except ImportError:  # another interpreter: hashlib it is
-            pass
-        else:
-            return bytes(sha1(data).hexdigest().encode())
-    import hashlib
-
-    return hashlib.sha1(data).hexdigest().encode()
-
-
 class _Script:
     """A script and its SHA1, the name EVALSHA runs it by."""
 
@@ -173,7 +158,7 @@ class _Script:
     def __init__(self, name: str, source: str) -> None:
         self.name = name
         self.source = source.encode()
-        self.sha = _sha1_hex(self.source)
+        self.sha = _sha1(self.source).hexdigest().encode()
 
 
 class ScriptSet:
@@ -365,21 +350,22 @@ class RedisStore:
     def connection_with(self, kwargs: dict[str, Any], resp2: bool) -> Any:
         """A connection of our class with these settings and ours (see new_connection)."""
         redis = self._redis
-        if redis is _resp.library:  # our own: no retries, replies as bytes, RESP2 (pub/sub included)
-            for name in ("socket_timeout", "socket_connect_timeout"):
-                if kwargs.get(name) is None:
-                    kwargs[name] = MAX_SOCKET_TIMEOUT_S
-            connection = self.connection_class(**kwargs)
-            with self._connections_lock:
-                self._connections.add(connection)
-            return connection
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            if kwargs.get(name) is None:
+                kwargs[name] = MAX_SOCKET_TIMEOUT_S
+        if redis is not _resp.library:  # (ours never retries, and speaks RESP2 with replies as bytes)
+            self._own_settings_on_redis_py(kwargs, resp2)
+        connection = self.connection_class(**kwargs)
+        with self._connections_lock:
+            self._connections.add(connection)
+        return connection
+
+    def _own_settings_on_redis_py(self, kwargs: dict[str, Any], resp2: bool) -> None:
+        redis = self._redis
         kwargs["retry"] = redis.retry.Retry(redis.backoff.NoBackoff(), 0)
         kwargs["decode_responses"] = False  # replies as bytes: we decode them, always as UTF-8
         kwargs.pop("retry_on_error", None)
         kwargs.pop("retry_on_timeout", None)
-        for name in ("socket_timeout", "socket_connect_timeout"):
-            if kwargs.get(name) is None:
-                kwargs[name] = MAX_SOCKET_TIMEOUT_S
         if resp2:
             # Pub/sub messages as plain replies (arrays), whatever protocol the client speaks (RESP3
             # sends them as pushes, which redis-py may route elsewhere). redis-py's maintenance
@@ -387,10 +373,6 @@ class RedisStore:
             kwargs["protocol"] = 2
             for name in [name for name in kwargs if name.startswith("maint_notifications")]:
                 del kwargs[name]
-        connection = self.connection_class(**kwargs)
-        with self._connections_lock:
-            self._connections.add(connection)
-        return connection
 
     def _connection(self) -> Any:
         connection = getattr(self._local, "connection", None)
