@@ -10,6 +10,7 @@ ships without its compiled modules.
 
 import os
 import platform
+import zlib
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -48,6 +49,18 @@ class OptionalBuildExt(build_ext):
         print(FALLBACK_WARNING.format(reason=f"{type(error).__name__}: {error}"), flush=True)
 
 
+def source_crc(path):
+    """The CRC-32 of a module's source, compiled into it: at import fastlease compares it with the source
+    beside the module and, when they differ (a checkout changed, the module was not rebuilt), runs the
+    source instead of a stale build (fastlease/_impl.py)."""
+    with open(path, "rb") as source:
+        return f"{zlib.crc32(source.read()):08x}"
+
+
+def compiled(name, path):
+    return Extension(name, [path], define_macros=[("FASTLEASE_SOURCE_CRC", f'"{source_crc(path)}"')])
+
+
 def extensions():
     if flag("FASTLEASE_NO_EXTENSIONS") or platform.python_implementation() != "CPython":
         return []
@@ -60,8 +73,8 @@ def extensions():
         return []
     return cythonize(
         [
-            Extension("fastlease._core", ["src/fastlease/_core.pyx"]),
-            Extension("fastlease._engine", ["src/fastlease/_engine.py"]),
+            compiled("fastlease._core", "src/fastlease/_core.pyx"),
+            compiled("fastlease._engine", "src/fastlease/_engine.py"),
         ],
         compiler_directives={"language_level": "3"},
     )

@@ -115,6 +115,47 @@ def test_an_install_without_the_compiled_engine_warns_clearly_and_runs_the_sourc
     assert "circular import" not in result.stderr
 
 
+def _import_copy(package_dir, changed=None):
+    """``import fastlease`` from a copy of the package (its compiled modules included), with ``changed``
+    edited after the build; warnings are errors unless a source was changed."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(os.path.dirname(fastlease.__file__), package_dir / "fastlease",
+                    ignore=shutil.ignore_patterns("*.c", "__pycache__"))
+    if changed is not None:
+        with open(package_dir / "fastlease" / changed, "a") as source:
+            source.write("\n# edited after the build\n")
+    probe = ("import fastlease, fastlease._renewal_link as link; "
+             "print(fastlease.IMPLEMENTATION, link._pulse_module().__name__, fastlease.__file__)")
+    return subprocess.run([sys.executable, "-W", "error" if changed is None else "always", "-c", probe],
+                          cwd=package_dir, capture_output=True, text=True, timeout=60, check=True,
+                          env=dict(os.environ, PYTHONPATH=str(package_dir), FASTLEASE_NO_EXTENSIONS=""))
+
+
+@pytest.mark.c_extension
+@pytest.mark.parametrize(("changed", "pulse"), [("_engine.py", "fastlease._core"),
+                                                ("_core.pyx", "fastlease._core_fallback")])
+def test_a_compiled_module_older_than_its_source_is_not_used(tmp_path, changed, pulse):
+    # A checkout that moved on without a rebuild: the source runs, never the code of another commit.
+    # A stale native core also gives way to the pure-Python pulse, which stops while the GIL is held.
+    result = _import_copy(tmp_path, changed)
+    implementation, pulse_module, path = result.stdout.split()
+    assert (implementation, pulse_module) == ("py", pulse)
+    assert path.startswith(str(tmp_path))
+    module = "fastlease." + changed.split(".")[0]
+    assert f"{module} was compiled from another {changed} (CRC " in result.stderr
+    assert "running the source with the pure-Python engine instead of a stale build" in result.stderr
+    assert "pip install -e ." in result.stderr
+
+
+@pytest.mark.c_extension
+def test_compiled_modules_built_from_the_sources_beside_them_run_without_a_warning(tmp_path):
+    implementation, pulse_module, path = _import_copy(tmp_path).stdout.split()
+    assert (implementation, pulse_module) == ("c", "fastlease._core") and path.startswith(str(tmp_path))
+
+
 @pytest.mark.parametrize(("value", "expected"), [("1", "py"), ("0", "c"), ("", "c")])
 def test_environment_variable_selects_the_interpreted_engine_in_one_place(value, expected):
     import subprocess

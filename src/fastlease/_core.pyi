@@ -3,6 +3,9 @@
 from types import TracebackType
 from typing import Optional
 
+#: The CRC-32 of the source this module was compiled from ("" in the fallback).
+BUILT_FROM: str
+
 class Mutex:
     def acquire(self) -> bool: ...
     def release(self) -> None: ...

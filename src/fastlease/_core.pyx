@@ -23,6 +23,18 @@ from posix.unistd cimport getpid
 
 import os
 
+# The CRC-32 of this file as it was compiled, given by setup.py: fastlease._impl compares it with the
+# source beside the module and does not use a build that is older than its source.
+cdef extern from *:
+    """
+    #ifndef FASTLEASE_SOURCE_CRC
+    #define FASTLEASE_SOURCE_CRC ""
+    #endif
+    """
+    const char *FASTLEASE_SOURCE_CRC
+
+BUILT_FROM = FASTLEASE_SOURCE_CRC.decode("ascii")
+
 @cython.final
 cdef class Mutex:
     """A non-reentrant lock for short critical sections; ``with mutex:`` or acquire()/release()."""

@@ -12,6 +12,9 @@ TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:
     from typing import Optional
 
+#: The CRC-32 of the source of a compiled module; this one is not compiled.
+BUILT_FROM = ""
+
 #: The lock of the engine's short critical sections (``_core.Mutex`` compiled).
 Mutex = threading.Lock
 

@@ -8,6 +8,15 @@ from libc.stdint cimport int64_t
 
 from fastlease._core cimport Mutex
 
+# The CRC-32 of _engine.py as it was compiled, given by setup.py (BUILT_FROM in _engine.py).
+cdef extern from *:
+    """
+    #ifndef FASTLEASE_SOURCE_CRC
+    #define FASTLEASE_SOURCE_CRC ""
+    #endif
+    """
+    const char *FASTLEASE_SOURCE_CRC
+
 
 cdef int64_t _NS_PER_MS
 

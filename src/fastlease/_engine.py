@@ -37,11 +37,15 @@ if TYPE_CHECKING:  # annotations only
 IMPLEMENTATION = "py" if __file__.endswith((".py", ".pyc")) else "c"
 
 if IMPLEMENTATION == "c":
+    #: The CRC-32 of the _engine.py this was compiled from (a C constant from setup.py, declared in
+    #: _engine.pxd): fastlease._impl compares it with the file beside it. Interpreted: "".
+    BUILT_FROM = FASTLEASE_SOURCE_CRC.decode("ascii")  # type: ignore[name-defined]  # noqa: F821
     # The compiled engine takes its tokens (pooled urandom, formatted in C) and its critical sections'
     # lock from the native core.
     from ._core import Mutex as _new_mutex
     from ._core import new_token
 else:
+    BUILT_FROM = ""
     from ._core_fallback import Mutex as _new_mutex  # type: ignore[assignment]  # threading.Lock: same methods
     from ._core_fallback import new_token
 

@@ -5,10 +5,16 @@ before the source beside it. ``FASTLEASE_NO_EXTENSIONS=1`` or a non-CPython inte
 source as it is; on CPython a missing extension (an sdist built without a compiler) falls back to it
 with a RuntimeWarning. ``load("py")`` loads the source under its own name even where the extension
 exists, so that one test run exercises both.
+
+A compiled module carries the CRC-32 of the source it was compiled from (``BUILT_FROM``). Where that
+source sits beside it and differs (a checkout moved on and the editable install was not rebuilt), the
+build is stale: it would run code that is no longer in the tree, so fastlease warns and runs the
+source instead; a stale native core also gives way to its fallback (``native_core``).
 """
 
 from __future__ import annotations
 
+import binascii
 import importlib
 import os
 import sys
@@ -17,6 +23,7 @@ import warnings
 TYPE_CHECKING = False  # neither typing nor types is imported at run time: see _typing.py
 if TYPE_CHECKING:
     from types import ModuleType
+    from typing import Optional
 
 _PY_NAME = f"{__package__}._engine_py"
 
@@ -51,13 +58,40 @@ def load(implementation: str) -> ModuleType:
     return loaded
 
 
+def stale_build(module: ModuleType, source_name: str) -> str:
+    """Why compiled ``module`` is not built from ``source_name`` beside it; "" when it is, or when that
+    source is not there to compare (a wheel ships _engine.py, not _core.pyx)."""
+    try:
+        with open(os.path.join(os.path.dirname(__file__), source_name), "rb") as source:
+            crc = f"{binascii.crc32(source.read()):08x}"
+    except OSError:
+        return ""
+    built_from = getattr(module, "BUILT_FROM", "")  # a build older than this check has none
+    if built_from == crc:
+        return ""
+    return (f"{module.__name__} was compiled from another {source_name} (CRC {built_from or 'not recorded'}; "
+            f"the file beside it has {crc})")
+
+
+def native_core() -> Optional[ModuleType]:
+    """The compiled native core (``_core``): None when extensions are off, it was not built, or its build
+    is stale, so that the pure-Python pulse (which stops while the GIL is held) runs instead."""
+    if os.environ.get("FASTLEASE_NO_EXTENSIONS", "") not in ("", "0") or sys.implementation.name != "cpython":
+        return None
+    try:
+        native = importlib.import_module(f"{__package__}._core")
+    except ImportError:
+        return None
+    return None if stale_build(native, "_core.pyx") else native
+
+
 def _select() -> ModuleType:
     if os.environ.get("FASTLEASE_NO_EXTENSIONS", "") not in ("", "0"):
         return load("py")
     if sys.implementation.name != "cpython":
         return load("py")
     try:
-        return load("c")
+        compiled = load("c")
     except ImportError as error:
         # Missing extension: the import above found and ran the source, which load("py") reuses.
         warnings.warn(
@@ -67,6 +101,16 @@ def _select() -> ModuleType:
             stacklevel=3,
         )
         return load("py")
+    stale = stale_build(compiled, "_engine.py") or stale_build(sys.modules[f"{__package__}._core"], "_core.pyx")
+    if stale:
+        warnings.warn(
+            f"fastlease: {stale}; running the source with the pure-Python engine instead of a stale build. "
+            "Rebuild the compiled modules: pip install -e . (or make, in the fastlease tree)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return load("py")
+    return compiled
 
 
 core: ModuleType = _select()

@@ -47,6 +47,7 @@ import sys
 import threading
 import time
 
+from . import _impl
 from ._logging import get_logger
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
@@ -84,15 +85,11 @@ _LENGTH = struct.Struct("=I")
 
 
 def _pulse_module() -> Any:
-    """The compiled core (a native pulse), unless extensions are off or missing: then the pure-Python
+    """The compiled core (a native pulse), unless extensions are off, missing or stale: then the pure-Python
     pulse, which stops while the GIL is held, so that a held GIL loses the lease instead."""
-    if not os.environ.get("FASTLEASE_NO_EXTENSIONS"):
-        try:
-            from . import _core
-
-            return _core
-        except ImportError:
-            pass
+    native = _impl.native_core()
+    if native is not None:
+        return native
     from . import _core_fallback
 
     return _core_fallback
