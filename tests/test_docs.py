@@ -335,7 +335,7 @@ def test_relative_links_point_to_existing_files(path: Path) -> None:
 # The modules as imported (the installed package when a wheel is tested, where no src/ is beside tests/).
 QUOTED_SOURCES = {language: [Path(importlib.util.find_spec(module).origin)  # type: ignore[union-attr,arg-type]
                               for module in modules]
-                  for language, modules in (("lua", ["fastlease.stores.redis"]),
+                  for language, modules in (("lua", ["fastlease.stores.redis.scripts"]),
                                             ("sql", ["fastlease.stores.sqlite", "fastlease.stores.postgres"]))}
 QUOTED = [block for block in BLOCKS if block.path.name == "protocol.md" and block.language in QUOTED_SOURCES]
 

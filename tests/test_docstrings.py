@@ -31,7 +31,9 @@ DEFINING_MODULES = (
     "fastlease.stores.base",
     "fastlease.stores.memory",
     "fastlease.stores.sqlite",
-    "fastlease.stores.redis",
+    "fastlease.stores.redis.store",
+    "fastlease.stores.redis.scripts",
+    "fastlease.stores.redis.cluster",
     "fastlease.stores.dynamodb",
     # Beyond the brief's minimum: the rest of the public surface is documented too.
     "fastlease.decorator",

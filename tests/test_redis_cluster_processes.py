@@ -20,7 +20,7 @@ import mp_workers
 from fastlease import SyncDistributedLock
 from fastlease.exceptions import LOST_CAUSES
 from fastlease.redis import RedisClient
-from fastlease.stores.redis_cluster import ClusterLayout, key_slot
+from fastlease.stores.redis.cluster import ClusterLayout, key_slot
 from fastlease.testing.redis_cluster import Node, RedisClusterServer
 from proc_helpers import (
     JOIN_S,

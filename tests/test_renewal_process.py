@@ -331,7 +331,7 @@ class CommandLog:
 
 def _script_calls(entries: list[dict[str, Any]], name: str, key: str) -> list[int]:
     """Positions in ``entries`` of the calls of script ``name`` (RENEW, RELEASE ...) on lock ``key``."""
-    from fastlease.stores import redis as store
+    from fastlease.stores.redis import scripts as store
 
     script = next(s for s in store.NODE_SCRIPTS.all if s.name == name)
     prefix = f"EVALSHA {script.sha.decode()} 1 {store.lease_key('locks', key).decode()} "
@@ -376,7 +376,7 @@ def test_release_stops_renewals_before_the_release_and_none_follow(redis_client,
 
 
 def test_no_renewal_write_after_a_loss(redis_client, redis_db, command_log, renewal_processes):
-    from fastlease.stores.redis import lease_key
+    from fastlease.stores.redis.scripts import lease_key
 
     with pytest.raises(LockLost) as info:
         with SyncDistributedLock(redis_client, table="locks", key="stolen", lease_duration=LEASE_S) as lease:
@@ -619,7 +619,7 @@ def test_redis_unix_socket_database_and_acl_user_renew_from_the_renewal_process(
     import redis
 
     from fastlease import RedisClient
-    from fastlease.stores.redis import lease_key
+    from fastlease.stores.redis.scripts import lease_key
 
     def connect(db: int) -> Any:
         return redis.Redis(unix_socket_path=unix_redis, db=db, username="fastlease", password=PASSWORD)

@@ -107,11 +107,11 @@ def build_store(config: Any, credentials: Any) -> Any:
 
         return SQLiteStore.from_renewal_config(config)
     if kind == "redis":
-        from .stores.redis import RedisStore
+        from .stores.redis.store import RedisStore
 
         return RedisStore.from_renewal_config(config)
     if kind == "redis-cluster":
-        from .stores.redis_cluster import RedisClusterStore
+        from .stores.redis.cluster import RedisClusterStore
 
         return RedisClusterStore.from_renewal_config(config)
     if kind == "postgres":

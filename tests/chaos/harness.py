@@ -221,7 +221,7 @@ class _Setup:
         to the node that serves the key, with the writes sent in the last ``CLUSTER_DROP_PAUSE_S`` waiting
         on them unanswered (the admin connection that does it is spared). How many there were."""
         if self.store == "redis-cluster":
-            from fastlease.stores.redis_cluster import key_slot
+            from fastlease.stores.redis.cluster import key_slot
 
             admin = self._server.admin(self._server.node_for_slot(key_slot(workload.KEY)))
             admin.client_pause(int(CLUSTER_DROP_PAUSE_S * 2000), all=False)  # unpaused below, or by itself
@@ -238,7 +238,7 @@ class _Setup:
 
     def migrate_slot(self) -> None:
         """Redis Cluster: move the key's slot (its lease, fencing counter and guarded counter) to the next node."""
-        from fastlease.stores.redis_cluster import key_slot
+        from fastlease.stores.redis.cluster import key_slot
 
         slot = key_slot(workload.KEY)
         nodes = self._server.nodes

@@ -94,14 +94,14 @@ def redis_store(request: pytest.FixtureRequest) -> Iterator[Any]:
 @contextlib.contextmanager
 def redis_own_connection_store(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The store the renewal process builds from a client's settings: the same scripts on our own RESP
-    connection (``stores/_resp.py``) instead of redis-py's."""
+    connection (``stores/redis/wire.py``) instead of redis-py's."""
     from fastlease.redis import RedisClient
-    from fastlease.stores.redis import RedisStore
+    from fastlease.stores.redis.store import RedisStore
 
     request.getfixturevalue("redis_db")
     client = RedisClient(request.getfixturevalue("redis_url"))
     store = RedisStore.from_renewal_config(client.store.renewal_config())
-    assert store.connection_kwargs and type(store.new_connection()).__module__ == "fastlease.stores._resp"
+    assert store.connection_kwargs and type(store.new_connection()).__module__ == "fastlease.stores.redis.wire"
     try:
         yield store
     finally:

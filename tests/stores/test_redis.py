@@ -24,7 +24,7 @@ import mp_workers
 from fastlease import SyncDistributedLock
 from fastlease.exceptions import LockLost, LockNotAcquired, MalformedLockRow, StoreError, StoreRequestRejected
 from fastlease.redis import RedisClient
-from fastlease.stores.redis import fence_key, lease_key
+from fastlease.stores.redis.scripts import fence_key, lease_key
 from fastlease.testing import NO_USAGE
 from lock_waiter import Waiter
 from proc_helpers import JOIN_S, Children, kill_and_reap, receive, run_contenders
@@ -435,7 +435,7 @@ def test_a_client_with_its_own_protocol_and_decoding_works_the_same(make_redis, 
 # ---- the renewal process's store: our own RESP connection, no redis-py ------------------------------
 def _renewal_store(client: RedisClient) -> Any:
     """The store the renewal process builds from ``client``'s settings."""
-    from fastlease.stores.redis import RedisStore
+    from fastlease.stores.redis.store import RedisStore
 
     return RedisStore.from_renewal_config(client.store.renewal_config())
 
@@ -512,8 +512,8 @@ def test_a_renewal_reply_that_comes_after_its_timeout_is_never_read_as_another_r
 
 
 def test_settings_our_connection_does_not_know_renew_through_redis_py(redis_url):
-    from fastlease.stores import _resp
-    from fastlease.stores.redis import RedisStore
+    from fastlease.stores.redis import wire as _resp
+    from fastlease.stores.redis.store import RedisStore
 
     host_port = redis_url.split("//", 1)[1].split("/", 1)[0]
     host, port = host_port.rsplit(":", 1)
@@ -536,7 +536,7 @@ def test_a_redis_py_client_object_is_renewed_by_the_renewal_process_on_our_conne
     where a held GIL stops them."""
     import redis
 
-    from fastlease.stores import _resp
+    from fastlease.stores.redis import wire as _resp
 
     host, port = redis_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
     client = RedisClient(redis.Redis(host=host, port=int(port), db=0, client_name="orders"))

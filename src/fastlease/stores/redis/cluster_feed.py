@@ -20,9 +20,9 @@ import logging
 import time
 from typing import Any, Callable
 
-from ..exceptions import StoreError
-from ._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
-from .redis import pubsub_event, reply_code
+from ...exceptions import StoreError
+from .._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
+from .replies import pubsub_event, reply_code
 
 __all__ = ["RedisClusterReleaseFeed"]
 

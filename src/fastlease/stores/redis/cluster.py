@@ -14,7 +14,7 @@ table ``T``:
 * ``fastlease:{E}:T:released``, the shard channel (SPUBLISH) that release wakes waiters on.
 
 The slot of ``K`` is CRC16(``E``) mod 16384. This layout is the cluster's only: single-node keys stay
-as they were (``fastlease.stores.redis``), and the single-node store refuses a server in cluster mode,
+as they were (``fastlease.stores.redis.store``), and the single-node store refuses a server in cluster mode,
 so two clients can never hold one key under two names.
 
 **Routing.** The store keeps the cluster's slot map (``CLUSTER SLOTS``, fetched on the first request
@@ -36,10 +36,12 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence, cast
 
-from ..exceptions import StoreError, StoreRequestRejected
-from ._resp import pack_command as _pack
-from .base import check_table
-from .redis import CLUSTER_SCRIPTS, RedisStore, _text, connection_kind, load_redis
+from ...exceptions import StoreError, StoreRequestRejected
+from ..base import check_table
+from .replies import as_text, connection_kind, load_redis
+from .scripts import CLUSTER_SCRIPTS
+from .store import RedisStore
+from .wire import pack_command as _pack
 
 _log = logging.getLogger("fastlease.stores.redis")
 
@@ -63,6 +65,7 @@ def escape_key(key: str) -> bytes:
 
 
 def unescape_key(escaped: bytes) -> bytes:
+    """A lock key as it was before its hash tag escaped ``}`` and ``%`` (for listing keys)."""
     return _ESCAPED.sub(lambda match: b"%" if match.group(1) == b"25" else b"}", escaped)
 
 
@@ -91,18 +94,22 @@ class ClusterLayout:
 
     @staticmethod
     def lease(table: str, key: str) -> bytes:
+        """The cluster key of ``key``'s lease hash in table ``table``."""
         return _cluster_name(table, key, "lease")
 
     @staticmethod
     def fence(table: str, key: str) -> bytes:
+        """The cluster key of ``key``'s fencing counter in table ``table``."""
         return _cluster_name(table, key, "fence")
 
     @staticmethod
     def record(table: str, key: str) -> bytes:
+        """The cluster key of ``key``'s idempotency record in table ``table``."""
         return _cluster_name(table, key, "record")
 
     @staticmethod
     def channel(table: str, key: str) -> bytes:
+        """The cluster key of ``key``'s release channel in table ``table``."""
         return _cluster_name(table, key, "released")
 
 
@@ -148,7 +155,7 @@ class RedisClusterStore(RedisStore):
         self._map_lock = threading.Lock()
         super().__init__(pool)
         self.no_script = _NoScript
-        from .redis_cluster_feed import RedisClusterReleaseFeed
+        from .cluster_feed import RedisClusterReleaseFeed
 
         self.release_feed = RedisClusterReleaseFeed(self)
 
@@ -305,7 +312,7 @@ class RedisClusterStore(RedisStore):
         try:
             for entry in reply:
                 start, end, primary = int(entry[0]), int(entry[1]), entry[2]
-                host = _text(primary[0]) if primary[0] is not None else ""
+                host = as_text(primary[0]) if primary[0] is not None else ""
                 # An empty or unknown endpoint means: the address we asked, with this port.
                 address = self._remap((host if host not in ("", "?") else asked[0], int(primary[1])))
                 slots[start:end + 1] = [address] * (end - start + 1)
@@ -350,7 +357,7 @@ class RedisClusterStore(RedisStore):
                     tag, _, rest = name[len(b"fastlease:{"):].partition(b"}")
                     if b"}" + rest == suffix:
                         names.add(unescape_key(tag).decode("utf-8", "backslashreplace"))
-                if _text(cursor) in ("0", 0):
+                if as_text(cursor) in ("0", 0):
                     break
         rows = []
         for name in sorted(names):

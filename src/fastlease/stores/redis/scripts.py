@@ -1,0 +1,185 @@
+"""Redis: where a key's lease, fencing counter, idempotency record and release channel live, and the
+scripts that run each protocol step on them, atomic on the server.
+
+**Layout.** For lock table ``T`` and key ``K`` (the table name cannot contain ``:``, so namespaces never
+collide whatever ``K`` holds):
+
+* ``fastlease:T:lease:K``, a hash: ``owner``, ``version``, ``lease_ms``, ``protocol`` (1), ``fence``,
+  and ``waiting`` ("1") once a contender has marked it. Its PX is the holder's ``lease_ms``, reset by
+  every write of the holder (acquire, takeover, renew), so a crashed holder's lease disappears by
+  expiry, before any contender's observation wait ends. Safe, because ownership ends at 90% of the
+  lease counted from before the write: the key always outlives the holder's own validity, as long as
+  the server's clock does not run more than 10% fast over a lease (see the failure model).
+* ``fastlease:T:fence:K``, a counter that never expires: every acquisition and takeover INCRs it in
+  the same script and stores the result in the hash, so fencing tokens strictly increase per key,
+  across release, takeover and expiry. (It survives a server restart only with persistence on.)
+* ``fastlease:T:released:K``, the pub/sub channel that release publishes on (see ``RedisReleaseFeed``).
+"""
+
+from __future__ import annotations
+
+from .._digest import constructor
+
+_sha1 = constructor("sha1")  # EVALSHA's name of a script, without loading OpenSSL (see _digest)
+
+PREFIX = "fastlease"
+
+# ---------------------------------------------------------------------------------------------
+# The scripts. Each one is the whole of one protocol step, atomic on the server. They check
+# everything before their first write (a script that fails halfway is not rolled back), and
+# compare owner and version as exact byte strings.
+# ---------------------------------------------------------------------------------------------
+
+#: Acquire. KEYS: lease, fence. ARGV: owner, version, lease_ms.
+#: Creates the lease only if the key is absent (held or merely not yet expired: untouched) and
+#: returns the new fencing token, or 0.
+ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'version', ARGV[2], 'lease_ms', ARGV[3],
+           'protocol', '1', 'fence', fence)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return fence
+"""
+
+#: Takeover. KEYS: lease, fence. ARGV: expected owner, expected version, owner, version, lease_ms.
+#: Replaces the whole lease (no waiting mark, a fresh PX) only if it holds exactly the expected
+#: owner and version; returns the new fencing token, or 0.
+TAKE_OVER = """
+local seen = redis.call('HMGET', KEYS[1], 'owner', 'version')
+if seen[1] ~= ARGV[1] or seen[2] ~= ARGV[2] then return 0 end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'owner', ARGV[3], 'version', ARGV[4], 'lease_ms', ARGV[5],
+           'protocol', '1', 'fence', fence)
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return fence
+"""
+
+#: Renew. KEYS: lease. ARGV: owner, version, new version.
+#: Sets the new version and resets PX to the stored lease_ms, only if the lease holds exactly
+#: (owner, version) and its lease_ms is a plain positive integer; returns 1, or 0.
+RENEW = """
+local seen = redis.call('HMGET', KEYS[1], 'owner', 'version', 'lease_ms')
+if seen[1] ~= ARGV[1] or seen[2] ~= ARGV[2] then return 0 end
+if not seen[3] or not string.match(seen[3], '^[1-9][0-9]?[0-9]?[0-9]?[0-9]?[0-9]?[0-9]?[0-9]?$') then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'version', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], seen[3])
+return 1
+"""
+
+#: Mark waiting. KEYS: lease. ARGV: owner, version.
+#: Sets the turn-taking hint once per hold, only on exactly (owner, version). The PX is left alone:
+#: a contender's write must never keep a crashed holder's lease alive.
+MARK_WAITING = """
+local seen = redis.call('HMGET', KEYS[1], 'owner', 'version', 'waiting')
+if seen[1] ~= ARGV[1] or seen[2] ~= ARGV[2] or seen[3] then return 0 end
+redis.call('HSET', KEYS[1], 'waiting', '1')
+return 1
+"""
+
+#: Release. KEYS: lease. ARGV: owner, channel.
+#: Deletes the lease only if ``owner`` holds it (whatever its version) and then publishes a wake-up
+#: on the channel. Returns 0 if absent or held by another, else 1, or 2 if the deleted lease carried
+#: the waiting mark (all the engine reads of the old row).
+RELEASE = """
+local seen = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
+if seen[1] ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], '1')
+if seen[2] == '1' then return 2 end
+return 1
+"""
+
+#: Finish an idempotent call. KEYS: lease, record, fence. ARGV: owner, state, fingerprint, result,
+#: expires_at_ms, px (0: no expiry), channel. Only while ``owner`` holds the lease: replaces the
+#: record, deletes the lease and the key's fencing counter, and publishes the release; returns 1, or 0.
+#: The counter goes too because idempotency keys are mostly used once and nothing reads an idempotent
+#: call's token: kept, every key ever used would leave a counter that never expires.
+FINISH = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'state', ARGV[2], 'fingerprint', ARGV[3], 'result', ARGV[4],
+           'expires_at_ms', ARGV[5], 'owner', ARGV[1])
+if ARGV[6] ~= '0' then redis.call('PEXPIRE', KEYS[2], ARGV[6]) end
+redis.call('DEL', KEYS[1], KEYS[3])
+redis.call('PUBLISH', ARGV[7], '1')
+return 1
+"""
+
+#: Observe. KEYS: lease. The lease's fields (an empty list when absent) and its PTTL in ms (-2 when
+#: absent): a waiter on a key whose holder crashed learns when the lease will expire, since nobody
+#: will publish a release for it.
+OBSERVE = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
+"""
+
+SCRIPTS = {"ACQUIRE": ACQUIRE, "TAKE_OVER": TAKE_OVER, "RENEW": RENEW, "MARK_WAITING": MARK_WAITING,
+           "RELEASE": RELEASE, "FINISH": FINISH, "OBSERVE": OBSERVE}
+
+
+class Script:
+    """A script and its SHA1, the name EVALSHA runs it by."""
+
+    __slots__ = ("name", "source", "sha")
+
+    def __init__(self, name: str, source: str) -> None:
+        self.name = name
+        self.source = source.encode()
+        self.sha = _sha1(self.source).hexdigest().encode()
+
+
+class ScriptSet:
+    """The seven scripts as one store sends them. ``publish`` replaces the call that RELEASE and FINISH
+    wake waiters with (``redis.call('PUBLISH',``); the cluster store's publishes on a shard channel of the
+    script's own slot. Nothing else differs."""
+
+    __slots__ = ("acquire", "take_over", "renew", "mark_waiting", "release", "finish", "observe", "all")
+
+    def __init__(self, publish: str = "redis.call('PUBLISH',") -> None:
+        sources = {name: source.replace("redis.call('PUBLISH',", publish) for name, source in SCRIPTS.items()}
+        self.all = tuple(Script(name, source) for name, source in sources.items())
+        (self.acquire, self.take_over, self.renew, self.mark_waiting, self.release, self.finish,
+         self.observe) = self.all
+
+
+NODE_SCRIPTS = ScriptSet()
+#: On a cluster: SPUBLISH (sharded pub/sub), under pcall, so that a server without it (before Redis 7)
+#: still releases, and its waiters poll. The wake-up is the last command, so nothing is left half done.
+CLUSTER_SCRIPTS = ScriptSet("redis.pcall('SPUBLISH',")
+#: How DEBUG lines name a script sent by EVALSHA (of either set).
+SCRIPT_NAMES = {script.sha: script.name for script in NODE_SCRIPTS.all + CLUSTER_SCRIPTS.all}
+
+
+def lease_key(table: str, key: str) -> bytes:
+    """The Redis key of the lease on ``key`` in lock table ``table``."""
+    return f"{PREFIX}:{table}:lease:".encode() + key.encode("utf-8")
+
+
+def fence_key(table: str, key: str) -> bytes:
+    """The Redis key of the fencing counter of ``key`` in lock table ``table`` (it never expires; an
+    idempotent call's completion deletes it)."""
+    return f"{PREFIX}:{table}:fence:".encode() + key.encode("utf-8")
+
+
+def record_key(table: str, key: str) -> bytes:
+    """The Redis key of the idempotency record of ``key`` in record table ``table``."""
+    return f"{PREFIX}:{table}:record:".encode() + key.encode("utf-8")
+
+
+def release_channel(table: str, key: str) -> bytes:
+    """The pub/sub channel that releases of ``key`` in lock table ``table`` are published on."""
+    return f"{PREFIX}:{table}:released:".encode() + key.encode("utf-8")
+
+
+class NodeLayout:
+    """Where a single-node store keeps a key's lease, fencing counter, idempotency record and release
+    channel: the functions above. The cluster store has its own (``cluster.ClusterLayout``)."""
+
+    lease = staticmethod(lease_key)
+    fence = staticmethod(fence_key)
+    record = staticmethod(record_key)
+    channel = staticmethod(release_channel)
+
