@@ -336,7 +336,7 @@ def test_relative_links_point_to_existing_files(path: Path) -> None:
 QUOTED_SOURCES = {language: [Path(importlib.util.find_spec(module).origin)  # type: ignore[union-attr,arg-type]
                               for module in modules]
                   for language, modules in (("lua", ["fastlease.stores.redis.scripts"]),
-                                            ("sql", ["fastlease.stores.sqlite", "fastlease.stores.postgres"]))}
+                                            ("sql", ["fastlease.stores.sqlite", "fastlease.stores.postgres.sql"]))}
 QUOTED = [block for block in BLOCKS if block.path.name == "protocol.md" and block.language in QUOTED_SOURCES]
 
 

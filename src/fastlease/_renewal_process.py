@@ -115,7 +115,7 @@ def build_store(config: Any, credentials: Any) -> Any:
 
         return RedisClusterStore.from_renewal_config(config)
     if kind == "postgres":
-        from .stores.postgres import PostgresStore
+        from .stores.postgres.store import PostgresStore
 
         return PostgresStore.from_renewal_config(config, credentials)
     if kind == "dynamodb":

@@ -44,7 +44,7 @@ from ._store_factory import (
 from .client import LeaseClient
 from .exceptions import FastleaseError
 from .stores.base import NO_USAGE
-from .stores.postgres import sql_identifier
+from .stores.postgres.sql import sql_identifier
 
 if TYPE_CHECKING:  # annotations only: boto3's and psycopg's clients are imported when their store is chosen
     from .dynamodb import DynamoDBClient

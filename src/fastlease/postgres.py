@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from .client import LeaseClient, idempotency_lock_table
 from .exceptions import StoreRequestRejected
-from .stores.postgres import CHECK_IN, IDENTITY, PostgresStore, sql_identifier
+from .stores.postgres.sql import CHECK_IN, IDENTITY, sql_identifier
+from .stores.postgres.store import PostgresStore
 
 if TYPE_CHECKING:
     from ._engine import Clock

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .client import LeaseClient
+from .stores.redis.cluster import RedisClusterStore
 from .stores.redis.replies import load_redis
 from .stores.redis.store import RedisStore
-from .stores.redis.cluster import RedisClusterStore
 
 if TYPE_CHECKING:
     import redis

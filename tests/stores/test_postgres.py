@@ -27,7 +27,8 @@ from psycopg.conninfo import make_conninfo
 from fastlease import LockLost, PostgresClient, SyncDistributedLock
 from fastlease.exceptions import StoreError, StoreRequestRejected
 from fastlease.idempotency import IdempotentCall
-from fastlease.stores import postgres as pg_store
+from fastlease.stores.postgres import session as pg_session
+from fastlease.stores.postgres import sql as pg_sql
 from fastlease.testing import NO_USAGE, FakeClock
 
 BOUND_S = 20.0
@@ -183,8 +184,8 @@ def test_creating_the_tables_twice_is_fine(make_client):
     for _ in range(2):
         client.create_lock_table("locks")
         client.create_idempotency_table("records")
-    assert client.store.columns("locks") == pg_store.LOCK_COLUMNS
-    assert client.store.columns("records") == pg_store.RECORD_COLUMNS
+    assert client.store.columns("locks") == pg_sql.LOCK_COLUMNS
+    assert client.store.columns("records") == pg_sql.RECORD_COLUMNS
 
 
 def test_four_clients_creating_one_table_at_once_all_succeed(make_client):
@@ -211,8 +212,8 @@ def test_four_clients_creating_one_table_at_once_all_succeed(make_client):
             thread.join(BOUND_S)
         assert not any(thread.is_alive() for thread in threads)
         assert errors == []
-        assert clients[0].store.columns(f"locks_{round_}") == pg_store.LOCK_COLUMNS
-        assert clients[0].store.columns(f"records_{round_}") == pg_store.RECORD_COLUMNS
+        assert clients[0].store.columns(f"locks_{round_}") == pg_sql.LOCK_COLUMNS
+        assert clients[0].store.columns(f"records_{round_}") == pg_sql.RECORD_COLUMNS
 
 
 def test_a_table_with_other_columns_is_refused_naming_both_column_lists(make_client, admin):
@@ -222,12 +223,12 @@ def test_a_table_with_other_columns_is_refused_naming_both_column_lists(make_cli
         client.create_lock_table("locks")
     message = str(info.value)
     assert "found [('key', 'text'), ('payload', 'jsonb')]" in message
-    assert f"expected {list(pg_store.LOCK_COLUMNS)}" in message
+    assert f"expected {list(pg_sql.LOCK_COLUMNS)}" in message
     client.create_lock_table("real_locks")
     with pytest.raises(StoreRequestRejected, match=r"other columns than a fastlease idempotency record") as info:
         client.create_idempotency_table("real_locks")  # a lock table is not a record table
-    assert f"found {list(pg_store.LOCK_COLUMNS)}" in str(info.value)
-    assert f"expected {list(pg_store.RECORD_COLUMNS)}" in str(info.value)
+    assert f"found {list(pg_sql.LOCK_COLUMNS)}" in str(info.value)
+    assert f"expected {list(pg_sql.RECORD_COLUMNS)}" in str(info.value)
 
 
 def public_tables(admin: psycopg.Connection) -> list[str]:
@@ -259,7 +260,7 @@ def test_one_call_creates_both_tables_an_idempotent_call_needs(make_client, admi
     client = make_client()
     client.create_idempotency_table("payments")
     assert public_tables(admin) == ["payments", "payments_locks"]
-    assert client.store.columns("payments_locks") == pg_store.LOCK_COLUMNS
+    assert client.store.columns("payments_locks") == pg_sql.LOCK_COLUMNS
     with IdempotentCall(client, table="payments", key="p-1") as call:
         call.complete("paid")
     # A lock table name over PostgreSQL's 63 characters is refused before anything is made.
@@ -527,7 +528,7 @@ def test_a_request_blocked_on_a_row_lock_fails_within_its_timeout_and_keeps_its_
         with pytest.raises(StoreError) as info:
             client.store.update_version_if("locks", "k", "o", "v", "v2", timeout_s, NO_USAGE)
         elapsed = time.monotonic() - started
-    assert timeout_s * pg_store.SERVER_TIMEOUT_SHARE <= elapsed < timeout_s + MARGIN_S, elapsed
+    assert timeout_s * pg_session.SERVER_TIMEOUT_SHARE <= elapsed < timeout_s + MARGIN_S, elapsed
     assert info.value.maybe_committed is False and type(info.value) is StoreError
     assert client.store.update_version_if("locks", "k", "o", "v", "v2", timeout_s, NO_USAGE) is True
     assert backends(admin, "fl-blocked") == [pid]  # a server-side timeout leaves the connection usable
@@ -583,7 +584,7 @@ def test_a_forked_child_leaves_the_parents_connection_alone(make_client, admin, 
             row = client.store.read("locks", "parent", 5.0, NO_USAGE)
             client.close()
             return f"read {row.owner}"
-        for session in list(pg_store._ALL_SESSIONS):  # what the child's finalizers do at its exit
+        for session in list(pg_session.ALL_SESSIONS):  # what the child's finalizers do at its exit
             session.close()
         return "closed"
 

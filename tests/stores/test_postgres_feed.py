@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from fastlease import PostgresClient, SyncDistributedLock
-from fastlease.stores.postgres import release_channel
+from fastlease.stores.postgres.feed import release_channel
 
 BOUND_S = 20.0
 LOCKS = ("locks",)  # the lock table each client of these tests creates

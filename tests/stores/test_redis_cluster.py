@@ -32,8 +32,8 @@ from fastlease import SyncDistributedLock
 from fastlease.exceptions import LockLost, LockNotAcquired, StoreError, StoreRequestRejected
 from fastlease.redis import RedisClient
 from fastlease.stores.base import Record
-from fastlease.stores.redis.scripts import fence_key, lease_key
 from fastlease.stores.redis.cluster import MAX_REDIRECTIONS, ClusterLayout, RedisClusterStore, key_slot
+from fastlease.stores.redis.scripts import fence_key, lease_key
 from fastlease.testing import NO_USAGE
 from fastlease.testing.fixtures import start_or_skip
 from fastlease.testing.redis_cluster import RedisClusterServer, RedisClusterUnavailable

@@ -18,10 +18,10 @@ import select
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
+from .._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
 
-if TYPE_CHECKING:  # the store module imports this one
-    from .postgres import _Session
+if TYPE_CHECKING:  # annotations only
+    from .session import Session
 
 __all__ = ["PostgresReleaseFeed", "Watch", "release_channel"]
 
@@ -52,7 +52,7 @@ class PostgresReleaseFeed(ListenerFeed):
     notifications that woke a waiter."""
 
     thread_name = "fastlease-postgres-feed"
-    listener_errors = (Exception,)  # the store's _Failure, psycopg's errors on a broken socket, ListenerLost
+    listener_errors = (Exception,)  # the store's Failure, psycopg's errors on a broken socket, ListenerLost
 
     def __init__(self, store: Any) -> None:
         super().__init__()
@@ -73,11 +73,11 @@ class PostgresReleaseFeed(ListenerFeed):
     def _new_channel(self) -> _Channel:
         return _Channel()
 
-    def _connect(self) -> _Session:
-        session: _Session = self._store.connect(REQUEST_TIMEOUT_S)
+    def _connect(self) -> Session:
+        session: Session = self._store.connect(REQUEST_TIMEOUT_S)
         return session
 
-    def _disconnect(self, session: _Session) -> None:
+    def _disconnect(self, session: Session) -> None:
         session.close()
 
     def _forget_subscriptions(self) -> None:
@@ -85,7 +85,7 @@ class PostgresReleaseFeed(ListenerFeed):
             channel.ready.clear()
             channel.listening = False
 
-    def _send_changes(self, session: _Session) -> None:
+    def _send_changes(self, session: Session) -> None:
         """LISTEN on channels that gained a watcher, UNLISTEN those idle past the linger."""
         now = time.monotonic()
         listen, unlisten = [], []
@@ -107,7 +107,7 @@ class PostgresReleaseFeed(ListenerFeed):
                     listened.listening = True
                     listened.ready.set()
 
-    def _read(self, session: _Session) -> None:
+    def _read(self, session: Session) -> None:
         """Wait up to a tick for notifications, and wake the waiters of each key released."""
         pgconn = session.pgconn
         poller = select.poll()

@@ -1,0 +1,184 @@
+"""PostgreSQL: the tables (their DDL and checks), every statement the store sends, and what each
+SQLSTATE means to it.
+
+One SQL table per lock table name, named exactly as the lock table (quoted, so case and ``.``/``-``
+are kept), created only by ``PostgresClient.create_lock_table``: like DynamoDB, and unlike the embedded
+SQLite store, lock operations never create tables (a server's schema is a deployment's business).
+
+Row locks, and why the takeover takes the strongest one: ``check_in`` locks the lease row ``FOR KEY
+SHARE`` in the caller's transaction. That mode conflicts only with ``FOR UPDATE``, which the takeover
+(``REPLACE_IF``) and the release (``FREE``) take before they write, so neither a takeover nor a
+release (after which anyone may acquire) commits while a checked-in transaction is open. Renewals are a
+plain ``UPDATE`` (``FOR NO KEY UPDATE``), which ``FOR KEY SHARE`` lets through, so a long transaction
+does not stop the holder's renewals.
+
+
+Table names follow the library's rule (3-255 of ``A-Z a-z 0-9 _ . -``) and PostgreSQL's 63-byte limit
+on identifiers; SQL cannot take identifiers as parameters, so a name is validated, then double-quoted,
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from ..base import check_table
+
+#: PostgreSQL truncates longer identifiers (NAMEDATALEN - 1): two long names would silently be one table.
+MAX_IDENTIFIER_BYTES = 63
+
+#: One lock table. ``owner`` NULL means free: the row stays only to keep its ``fence`` counter.
+LOCK_TABLE_SCHEMA = """CREATE TABLE IF NOT EXISTS {name} (
+    key      text PRIMARY KEY,
+    owner    text,
+    version  text,
+    lease_ms bigint,
+    protocol integer,
+    waiting  boolean NOT NULL DEFAULT false,
+    fence    bigint NOT NULL DEFAULT 0
+)"""
+#: The columns (name, type) a lock table must have: a rerun of create_lock_table checks them.
+LOCK_COLUMNS = (("key", "text"), ("owner", "text"), ("version", "text"), ("lease_ms", "bigint"),
+                ("protocol", "integer"), ("waiting", "boolean"), ("fence", "bigint"))
+
+#: One idempotency record table: a row per key, written only under the key's lease.
+RECORD_TABLE_SCHEMA = """CREATE TABLE IF NOT EXISTS {name} (
+    key           text PRIMARY KEY,
+    state         text NOT NULL,
+    fingerprint   text NOT NULL,
+    result        bytea NOT NULL,
+    expires_at_ms bigint NOT NULL,
+    owner         text NOT NULL
+)"""
+RECORD_COLUMNS = (("key", "text"), ("state", "text"), ("fingerprint", "text"), ("result", "bytea"),
+                  ("expires_at_ms", "bigint"), ("owner", "text"))
+#: The purge of expired records reads this index, not the whole table. Its name is derived from the
+#: table's (a digest, so that it fits 63 bytes whatever the table's name).
+RECORD_EXPIRY_INDEX = """CREATE INDEX IF NOT EXISTS {index} ON {name} (expires_at_ms) WHERE expires_at_ms > 0"""
+
+#: Acquire: insert the row, or revive a freed one (its fence incremented); never touch a held row.
+#: RETURNING gives the new fencing token, so the acquisition is one round trip.
+PUT_IF_ABSENT = """INSERT INTO {name} AS held (key, owner, version, lease_ms, protocol, waiting, fence)
+VALUES ($1, $2, $3, $4, 1, false, 1)
+ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, version = excluded.version,
+    lease_ms = excluded.lease_ms, protocol = 1, waiting = false, fence = held.fence + 1
+WHERE held.owner IS NULL
+RETURNING fence"""
+#: Takeover: only on exactly the observed (owner, version). It locks the row FOR UPDATE first: the one
+#: mode that waits for a check_in's FOR KEY SHARE, so no takeover commits inside a checked-in transaction.
+REPLACE_IF = """WITH observed AS (
+    SELECT key FROM {name} WHERE key = $4 AND owner = $5 AND version = $6 FOR UPDATE
+)
+UPDATE {name} SET owner = $1, version = $2, lease_ms = $3, protocol = 1, waiting = false, fence = fence + 1
+WHERE key = $4 AND owner = $5 AND version = $6 AND EXISTS (SELECT 1 FROM observed)
+RETURNING fence"""
+#: Renew: only the version; lease_ms is the owner's and is never rewritten.
+UPDATE_VERSION_IF = """UPDATE {name} SET version = $1 WHERE key = $2 AND owner = $3 AND version = $4"""
+#: A contender's turn-taking hint, once per hold.
+MARK_WAITING = """UPDATE {name} SET waiting = true
+WHERE key = $1 AND owner = $2 AND version = $3 AND NOT waiting"""
+#: Release: free the row (the fence stays), returning the hint it had, and notify the table's release
+#: channel with the key (delivered at commit, to the waiters of every client that listens: see
+#: feed). The CTE reads the old hint under a FOR UPDATE lock, as a takeover does: a release
+#: waits for a checked-in transaction to end, so that nobody acquires the freed row while that
+#: transaction can still commit.
+FREE = """WITH held AS (
+    SELECT waiting FROM {name} WHERE key = $1 AND owner = $2 FOR UPDATE
+), freed AS (
+    UPDATE {name} SET owner = NULL, version = NULL, waiting = false
+    WHERE key = $1 AND owner = $2 AND EXISTS (SELECT 1 FROM held)
+    RETURNING (SELECT waiting FROM held) AS waiting
+)
+SELECT waiting, pg_notify($3, $1) FROM freed"""
+READ = """SELECT owner, version, lease_ms, protocol, waiting, fence FROM {name}
+WHERE key = $1 AND owner IS NOT NULL"""
+INSPECT = """SELECT key, owner, version, lease_ms, protocol, waiting, fence FROM {name}
+WHERE owner IS NOT NULL AND ($1::text IS NULL OR key = $1::text) ORDER BY key"""
+#: check_in, on the caller's connection: lock our row in the caller's transaction (see the module's
+#: docstring) and report whether it is still ours. Ownership is the owner id: it is new for every
+#: acquisition and a takeover replaces it, while the version changes with our own renewals.
+CHECK_IN = """SELECT 1 FROM {name} WHERE key = %s AND owner = %s FOR KEY SHARE"""
+#: What makes the caller's connection "the same database" as the store's: the server instance (its
+#: start time), the database, and the lock table the name resolves to there (so the search_path too).
+IDENTITY = """SELECT pg_postmaster_start_time()::text, current_database(), to_regclass(%s)::oid::bigint"""
+IDENTITY_BY_POSITION = IDENTITY.replace("%s", "$1")  # the store binds $1, psycopg %s
+
+#: An idempotent call's completion, in one statement (so one atomic transaction): delete the lease row
+#: (its fence counter with it: idempotency keys are mostly used once and nothing reads their tokens),
+#: only while our owner holds it, then store the record (replacing any) and purge a few expired ones.
+FINISH = """WITH released AS (
+    DELETE FROM {locks} WHERE key = $1 AND owner = $2 RETURNING key
+), stored AS (
+    INSERT INTO {records} (key, state, fingerprint, result, expires_at_ms, owner)
+    SELECT $1, $3, $4, $5, $6, $2 FROM released
+    ON CONFLICT (key) DO UPDATE SET state = excluded.state, fingerprint = excluded.fingerprint,
+        result = excluded.result, expires_at_ms = excluded.expires_at_ms, owner = excluded.owner
+    RETURNING 1
+), purged AS (
+    DELETE FROM {records} WHERE key IN (
+        SELECT key FROM {records} WHERE expires_at_ms > 0 AND expires_at_ms < $7 AND key <> $1
+        AND EXISTS (SELECT 1 FROM released) LIMIT 16 FOR UPDATE SKIP LOCKED)
+)
+SELECT count(*) FROM stored"""
+READ_RECORD = """SELECT state, fingerprint, result, expires_at_ms, owner FROM {name} WHERE key = $1"""
+COLUMNS = """SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute
+WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum"""
+
+#: The connection's server-side bounds, set to the request's timeout (in ms) when it changes.
+SET_TIMEOUTS = b"SELECT set_config('statement_timeout', $1, false), set_config('lock_timeout', $1, false)"
+#: Statements prepared per connection at most (there are a handful per table).
+MAX_PREPARED = 256
+
+BYTEA_OID = 17
+TEXT, _BINARY = 0, 1
+#: Parameter formats: every parameter as text but the record's result (bytea, sent as raw bytes).
+FINISH_FORMATS = [TEXT, TEXT, TEXT, TEXT, _BINARY, TEXT, TEXT]
+FINISH_TYPES = [0, 0, 0, 0, BYTEA_OID, 0, 0]
+
+#: SQLSTATE classes and codes by what waiting can do about them. A statement that failed with an error
+#: was rolled back (autocommit: each statement is its own transaction), so only a lost connection
+#: leaves a write's outcome unknown.
+# Timeouts, lock waits, conflicts, and a prepared statement the server no longer has (prepared again next).
+TRANSIENT_CODES = {"57014", "55P03", "40001", "40P01", "55006", "57P03", "26000"}
+TRANSIENT_CLASSES = ("53", "58", "XX", "40")  # out of resources, system and internal errors, rollbacks
+CONNECTION_CLASSES = ("08", "57P")  # the connection broke (or the server is going down) mid-request
+HINTS = {
+    "42P01": "the table does not exist: create it with client.create_lock_table(...) (or "
+             "create_idempotency_table for records), or check the connection's search_path",
+    "42501": "the role lacks a privilege on the table: see 'Roles and grants' in docs/operations.md",
+    "25006": "the server is read-only (a standby?): point the DSN at the primary "
+             "(target_session_attrs=read-write)",
+    "42703": "the table's columns are not fastlease's: see the schema in docs/protocol.md",
+}
+
+
+#: What a concurrent ``CREATE ... IF NOT EXISTS`` of the same name that won the race leaves the others:
+#: a duplicate catalog row (23505), relation (42P07) or row type (42710, "type ... already exists").
+CREATION_RACE_CODES = ("23505", "42P07", "42710")
+
+QUOTED_NAME = re.compile(r'"[A-Za-z0-9_.-]+"')  # the quoted table names in a statement, for messages
+
+
+def sql_identifier(table: str) -> str:
+    """``table`` as a quoted SQL identifier; rejects names outside the library's alphabet (so a name
+    is valid on every store or on none) and names longer than PostgreSQL keeps (63 bytes)."""
+    check_table(table)
+    if len(table) > MAX_IDENTIFIER_BYTES:
+        raise ValueError(
+            f"PostgreSQL table names are at most {MAX_IDENTIFIER_BYTES} characters (longer ones are truncated, "
+            f"so two names could be one table); got {len(table)}: {table!r:.80}"
+        )
+    return f'"{table}"'
+
+
+def expiry_index_name(table: str) -> str:
+    return '"fastlease_expiry_' + hashlib.sha1(table.encode()).hexdigest()[:20] + '"'
+
+
+def key_bytes(key: str) -> bytes:
+    """The key as the UTF-8 bytes the server stores. PostgreSQL text cannot hold NUL: refused before
+    any request, rather than stored as something else."""
+    if "\x00" in key:
+        raise ValueError(f"the PostgreSQL store cannot store a NUL character (\\x00) in a key; got {key!r:.80}")
+    return key.encode()
+
