@@ -34,7 +34,8 @@ DEFINING_MODULES = (
     "fastlease.stores.redis.store",
     "fastlease.stores.redis.scripts",
     "fastlease.stores.redis.cluster",
-    "fastlease.stores.dynamodb",
+    "fastlease.stores.dynamodb.store",
+    "fastlease.stores.dynamodb.transport",
     # Beyond the brief's minimum: the rest of the public surface is documented too.
     "fastlease.decorator",
     "fastlease.dynamodb",

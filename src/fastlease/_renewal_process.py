@@ -119,8 +119,8 @@ def build_store(config: Any, credentials: Any) -> Any:
 
         return PostgresStore.from_renewal_config(config, credentials)
     if kind == "dynamodb":
-        from .stores._fastpath import FastTransport
-        from .stores.dynamodb import DynamoDBStore
+        from .stores.dynamodb.fastpath import FastTransport
+        from .stores.dynamodb.store import DynamoDBStore
 
         return DynamoDBStore(FastTransport.for_renewal(config, credentials))
     raise ValueError(f"unknown store kind {kind!r}")

@@ -23,15 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Self, Type, 
 
 from .client import LeaseClient, idempotency_lock_table
 from .exceptions import StoreConfigurationError, StoreRequestRejected, TransactionCanceled
-from .stores.dynamodb import (
-    Boto3Transport,
-    DynamoDBStore,
-    _import_boto3,
-    _int_or_raw,
-    condition_check,
-    missing_table,
-    record_item,
-)
+from .stores.dynamodb.store import DynamoDBStore, _int_or_raw, condition_check, missing_table, record_item
+from .stores.dynamodb.transport import Boto3Transport, import_boto3
 
 if TYPE_CHECKING:
     from ._engine import Clock
@@ -135,7 +128,7 @@ class DynamoDBClient(LeaseClient):
         max_retries: Optional[int] = None,
         **engine: Any,
     ) -> None:
-        boto3 = _import_boto3()
+        boto3 = import_boto3()
         _refuse_pydynox_only(engine)
         if region is not None:
             if region_name is not None and region_name != region:
@@ -175,7 +168,7 @@ class DynamoDBClient(LeaseClient):
         self.boto3_client = boto3_client
         transport: Any = None
         if fast_path:
-            from .stores._fastpath import FastPathUnavailable, FastTransport
+            from .stores.dynamodb.fastpath import FastPathUnavailable, FastTransport
 
             try:
                 transport = FastTransport(boto3_client, _user_agent())

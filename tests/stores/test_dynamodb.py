@@ -13,7 +13,9 @@ from moto import mock_aws
 from fastlease import LockLost, LockNotAcquired, SyncDistributedLock, distributed_lock
 from fastlease.dynamodb import DynamoDBClient, SyncTransaction, TransactionCanceled
 from fastlease.exceptions import MalformedLockRow, StoreError, StoreRequestRejected
-from fastlease.stores.dynamodb import TIMEOUT_BUCKETS_S, DynamoDBStore, ServiceError, _bucket
+from fastlease.stores.dynamodb.store import DynamoDBStore
+from fastlease.stores.dynamodb.transport import TIMEOUT_BUCKETS_S, ServiceError
+from fastlease.stores.dynamodb.transport import timeout_bucket as _bucket
 from fastlease.testing import NO_USAGE, FakeClock
 
 REGION = "us-east-1"
@@ -328,7 +330,7 @@ def test_timeout_buckets_never_exceed_the_requested_timeout():
     assert _bucket(30.0) == 5.0
 
 
-def test_import_fastlease_does_not_import_boto3():
+def test_import_fastlease_does_notimport_boto3():
     probe = "import sys, fastlease; assert 'boto3' not in sys.modules and 'botocore' not in sys.modules; print('ok')"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr

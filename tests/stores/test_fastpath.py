@@ -20,9 +20,9 @@ from moto import mock_aws
 from fastlease import SyncDistributedLock
 from fastlease.dynamodb import DynamoDBClient
 from fastlease.exceptions import StoreError
-from fastlease.stores._fastpath import FastTransport, _encode_json
-from fastlease.stores._sigv4 import SigV4Signer
-from fastlease.stores.dynamodb import ServiceError
+from fastlease.stores.dynamodb.fastpath import FastTransport, _encode_json
+from fastlease.stores.dynamodb.sigv4 import SigV4Signer
+from fastlease.stores.dynamodb.transport import ServiceError
 
 OK_BODY = b'{"ConsumedCapacity":{"TableName":"t","CapacityUnits":0.5}}'
 

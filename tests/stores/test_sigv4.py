@@ -1,4 +1,4 @@
-"""``fastlease.stores._sigv4.SigV4Signer`` must sign exactly what botocore signs, byte for byte.
+"""``fastlease.stores.dynamodb.sigv4.SigV4Signer`` must sign exactly what botocore signs, byte for byte.
 
 The reference is botocore itself: ``botocore.auth.SigV4Auth.add_auth`` on an ``AWSRequest`` shaped like a
 DynamoDB JSON request, and (end to end) a real botocore DynamoDB client whose request is captured just
@@ -24,8 +24,8 @@ import pytest
 from botocore.awsrequest import AWSRequest, AWSResponse
 from botocore.credentials import Credentials
 
-from fastlease.stores import _sigv4
-from fastlease.stores._sigv4 import SigV4Signer
+from fastlease.stores.dynamodb import sigv4 as _sigv4
+from fastlease.stores.dynamodb.sigv4 import SigV4Signer
 
 CONTENT_TYPE = "application/x-amz-json-1.0"
 GET_ITEM = "DynamoDB_20120810.GetItem"
@@ -534,7 +534,7 @@ def test_a_process_without_hashlib_signs_the_same_without_loading_openssl() -> N
 
     code = (
         "import sys\n"
-        "from fastlease.stores._sigv4 import SigV4Signer\n"
+        "from fastlease.stores.dynamodb.sigv4 import SigV4Signer\n"
         "headers = SigV4Signer('eu-west-1').sign(host='dynamodb.eu-west-1.amazonaws.com', body=b'{\"k\":1}',\n"
         "    target='DynamoDB_20120810.UpdateItem', access_key='AKID', secret_key='secret', token='tok',\n"
         "    now_s=1_700_000_000.0)\n"

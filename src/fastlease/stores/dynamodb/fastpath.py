@@ -6,7 +6,7 @@ shapes, so this transport sends them itself:
 
 * JSON bodies byte-identical to ``json.dumps`` (ASCII, as botocore sends them) from one reused C
   encoder, and responses read by one call of the C scanner;
-* SigV4 with a cached daily signing key (``_sigv4.SigV4Signer``); credentials are read from the boto3
+* SigV4 with a cached daily signing key (``sigv4.SigV4Signer``); credentials are read from the boto3
   client's provider on *every* request, so refreshed or rotated credentials keep working;
 * HTTP/1.1 keep-alive on raw sockets (TLS where the endpoint is https, verified like botocore) with a
   minimal response parser, one connection per concurrent request from a small idle pool; the request
@@ -38,12 +38,12 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 from urllib.parse import urlsplit
 
-from ..exceptions import StoreError
+from ...exceptions import StoreError
+from .sigv4 import CONTENT_TYPE, SigV4Signer
+from .transport import ServiceError, classify_unsent
 
 if TYPE_CHECKING:
     import ssl
-from ._sigv4 import _CONTENT_TYPE, SigV4Signer
-from .dynamodb import ServiceError, classify_unsent
 
 TARGET_PREFIX = "DynamoDB_20120810."
 #: Idle keep-alive connections older than this are closed rather than reused: servers drop idle
@@ -407,7 +407,7 @@ class FastTransport:
         X-Amz-Date value) of an operation, built once and remembered."""
         target = TARGET_PREFIX + operation
         event = self._alias(f"before-send.dynamodb.{operation}")
-        head = (f"{self._request_line}Host: {self._host_header}\r\nContent-Type: {_CONTENT_TYPE}\r\n"
+        head = (f"{self._request_line}Host: {self._host_header}\r\nContent-Type: {CONTENT_TYPE}\r\n"
                 f"X-Amz-Target: {target}\r\nX-Amz-Date: ")
         shape = (target, event, head)
         self._operations[operation] = shape  # a single dict store; racing threads store the same value

@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 from urllib.parse import quote
 
-from ._digest import constructor
+from .._digest import constructor
 
 if TYPE_CHECKING:  # hashlib._Hash exists only in the type stubs; these names are for annotations only
     from hashlib import _Hash
@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # hashlib._Hash exists only in the type stubs; these names ar
 __all__ = ["SigV4Signer"]
 
 _ALGORITHM = "AWS4-HMAC-SHA256"
-_CONTENT_TYPE = "application/x-amz-json-1.0"
+CONTENT_TYPE = "application/x-amz-json-1.0"
 _AMZ_DATE_FORMAT = "%Y%m%dT%H%M%SZ"
 # Sorted, lowercased names of the headers botocore signs for our request shape (see module docstring).
 _SIGNED_HEADERS = "content-type;host;x-amz-date;x-amz-target"
@@ -234,14 +234,14 @@ class SigV4Signer:
             canonical_token = memo.get(token) or self._header_miss(token)
             signed_headers = _SIGNED_HEADERS_TOKEN
             canonical_request = (
-                f"POST\n{canonical_path}\n\ncontent-type:{_CONTENT_TYPE}\nhost:{canonical_host}\n"
+                f"POST\n{canonical_path}\n\ncontent-type:{CONTENT_TYPE}\nhost:{canonical_host}\n"
                 f"x-amz-date:{amz_date}\nx-amz-security-token:{canonical_token}\nx-amz-target:{canonical_target}\n\n"
                 f"{_SIGNED_HEADERS_TOKEN}\n{_sha256(body).hexdigest()}"
             )
         else:
             signed_headers = _SIGNED_HEADERS
             canonical_request = (
-                f"POST\n{canonical_path}\n\ncontent-type:{_CONTENT_TYPE}\nhost:{canonical_host}\n"
+                f"POST\n{canonical_path}\n\ncontent-type:{CONTENT_TYPE}\nhost:{canonical_host}\n"
                 f"x-amz-date:{amz_date}\nx-amz-target:{canonical_target}\n\n"
                 f"{_SIGNED_HEADERS}\n{_sha256(body).hexdigest()}"
             )
@@ -257,7 +257,7 @@ class SigV4Signer:
 
         headers = {
             "Host": host,
-            "Content-Type": _CONTENT_TYPE,
+            "Content-Type": CONTENT_TYPE,
             "X-Amz-Target": target,
             "X-Amz-Date": amz_date,
         }
