@@ -42,14 +42,17 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-#: Public names loaded on first use: name -> the module that defines it.
-_LAZY = {
-    "DistributedLock": "aio",
-    "DynamoDBClient": "dynamodb",
-    "PostgresClient": "postgres",
-    "RedisClient": "redis",
-    "SQLiteClient": "sqlite",
-}
+#: Public names loaded on first use: name -> the module that defines it (the store clients: from the
+#: one list of backends; MemoryClient is imported above).
+def _lazy_names() -> dict[str, str]:
+    from .stores.registry import BACKENDS
+
+    clients = {backend.client_name: backend.client.split(":")[0] for backend in BACKENDS.values()}
+    return {"DistributedLock": "fastlease.aio", **{name: module for name, module in clients.items()
+                                                   if name not in globals()}}
+
+
+_LAZY = _lazy_names()
 
 
 def __getattr__(name: str) -> object:
@@ -58,7 +61,7 @@ def __getattr__(name: str) -> object:
         raise AttributeError(f"module 'fastlease' has no attribute {name!r}")
     from importlib import import_module
 
-    value = getattr(import_module(f".{module}", __name__), name)
+    value = getattr(import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value
 

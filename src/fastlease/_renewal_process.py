@@ -46,6 +46,7 @@ from ._renewal_link import (
     split_frames,
 )
 from .exceptions import StoreError
+from .stores.registry import store_class
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:
@@ -101,29 +102,7 @@ class GatedStore:
 
 def build_store(config: Any, credentials: Any) -> Any:
     """The store a holder described with its ``renewal_config()``."""
-    kind = config[0]
-    if kind == "sqlite":
-        from .stores.sqlite import SQLiteStore
-
-        return SQLiteStore.from_renewal_config(config)
-    if kind == "redis":
-        from .stores.redis.store import RedisStore
-
-        return RedisStore.from_renewal_config(config)
-    if kind == "redis-cluster":
-        from .stores.redis.cluster import RedisClusterStore
-
-        return RedisClusterStore.from_renewal_config(config)
-    if kind == "postgres":
-        from .stores.postgres.store import PostgresStore
-
-        return PostgresStore.from_renewal_config(config, credentials)
-    if kind == "dynamodb":
-        from .stores.dynamodb.fastpath import FastTransport
-        from .stores.dynamodb.store import DynamoDBStore
-
-        return DynamoDBStore(FastTransport.for_renewal(config, credentials))
-    raise ValueError(f"unknown store kind {kind!r}")
+    return store_class(config[0]).from_renewal_config(config, credentials)
 
 
 class _Store:

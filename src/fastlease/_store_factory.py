@@ -22,8 +22,10 @@ from .client import LeaseClient
 from .memory import MemoryClient
 from .sqlite import SQLiteClient
 from .stores.memory import MemoryStore
+from .stores.registry import BACKENDS
 
-STORES = ("sqlite", "dynamodb", "redis", "postgres", "memory")
+#: The values of --store, in the order messages list them.
+STORES = tuple(kind for kind, backend in BACKENDS.items() if backend.command_line)
 DEFAULT_SQLITE_PATH = "fastlease.db"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_URL_VARIABLE = "FASTLEASE_REDIS_URL"
@@ -31,9 +33,6 @@ POSTGRES_DSN_VARIABLE = "FASTLEASE_POSTGRES_DSN"
 #: The shape of a DSN, for messages that ask for one.
 DSN_EXAMPLE = "postgresql://USER@HOST:5432/DBNAME"
 
-#: The optional library each store needs: (importable module, its name for people, the extra to install).
-_LIBRARIES = {"dynamodb": ("boto3", "boto3", "dynamodb"), "redis": ("redis", "redis-py", "redis"),
-              "postgres": ("psycopg", "psycopg 3", "postgres")}
 
 
 class StoreOptionError(ValueError):
@@ -113,8 +112,9 @@ def require_library(store: str) -> None:
     """Raise StoreOptionError, naming the ``pip install`` to run, if the store's optional library is missing.
 
     It looks the library up without importing it (boto3 takes a noticeable time to import)."""
-    if store in _LIBRARIES:
-        module, name, extra = _LIBRARIES[store]
+    library = BACKENDS[store].library if store in BACKENDS else None
+    if library is not None:
+        module, name, extra = library
         if importlib.util.find_spec(module) is None:
             raise StoreOptionError(f"--store {store} needs {name}: pip install 'fastlease[{extra}]'")
 

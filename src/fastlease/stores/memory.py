@@ -36,6 +36,8 @@ class FaultHook(Protocol):
 class MemoryStore:
     """Lock rows of every table in one dict keyed by (table, key); every operation is atomic."""
 
+    kind = "memory"  # in stores.registry
+
     def __init__(self) -> None:
         self._rows: dict[tuple[str, str], LockRow] = {}
         # Fencing tokens per (table, key): incremented by every acquisition and takeover, kept across

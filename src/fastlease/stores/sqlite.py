@@ -153,6 +153,7 @@ def _switch_to_wal(connection: sqlite3.Connection) -> str:
 class SQLiteStore:
     """The LockStore adapter for one SQLite file; one statement (or one IMMEDIATE transaction) per step."""
 
+    kind = "sqlite"  # in stores.registry
     blocking = True  # requests may wait for the file's write lock
 
     def __init__(self, path: "str | os.PathLike[str]") -> None:
@@ -399,10 +400,10 @@ class SQLiteStore:
     # ---- the renewal process (fastlease._renewal_link) -------------------------------------------------
     def renewal_config(self) -> Any:
         """What another process needs to renew on this file: the path."""
-        return ("sqlite", self.path)
+        return (self.kind, self.path)
 
     @classmethod
-    def from_renewal_config(cls, config: Any) -> SQLiteStore:
+    def from_renewal_config(cls, config: Any, credentials: Any = None) -> SQLiteStore:
         """The store on the file that ``renewal_config()`` named (in the renewal process)."""
         return cls(config[1])
 

@@ -289,7 +289,7 @@ class FastTransport:
 
     def renewal_config(self) -> Any:
         """What the renewal process needs to send this transport's requests (not the credentials)."""
-        return ("dynamodb", self._endpoint_url, self._signer_region, self._user_agent, self._verify)
+        return (self._endpoint_url, self._signer_region, self._user_agent, self._verify)
 
     def renewal_credentials(self) -> Any:
         """(access key, secret key, token, expiry as epoch seconds or None), read from the provider

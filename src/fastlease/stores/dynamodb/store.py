@@ -135,6 +135,7 @@ def parse_row(item: dict[str, Any], key: str) -> LockRow:
 class DynamoDBStore:
     """The LockStore adapter for DynamoDB; one conditional request per operation, no protocol logic."""
 
+    kind = "dynamodb"  # in stores.registry
     blocking = True  # every request goes over the network
 
     def __init__(self, transport: Any) -> None:
@@ -146,7 +147,15 @@ class DynamoDBStore:
         config = getattr(self.transport, "renewal_config", None)
         if config is None:
             return "plain boto3 lock clients (fast_path=False, or settings the fast path does not take)"
-        return config()
+        return (self.kind, *config())
+
+    @classmethod
+    def from_renewal_config(cls, config: Any, credentials: Any) -> DynamoDBStore:
+        """The store on the fast path that ``renewal_config()`` described, signing with ``credentials``
+        (in the renewal process: no boto3)."""
+        from .fastpath import FastTransport
+
+        return cls(FastTransport.for_renewal(config, credentials))
 
     def renewal_credentials(self) -> Any:
         """What the fast path signs with now (re-sent to the renewal process when it changes), or None."""

@@ -58,6 +58,7 @@ __all__ = ["PostgresStore", "sql_identifier", "LOCK_TABLE_SCHEMA", "RECORD_TABLE
 class PostgresStore:
     """The LockStore adapter for one PostgreSQL database; one statement per step."""
 
+    kind = "postgres"  # in stores.registry
     blocking = True
 
     #: The largest serialised result a record holds here (bytea's limit is 1 GB; records stay well under).
@@ -335,7 +336,7 @@ class PostgresStore:
     def renewal_config(self) -> Any:
         """What another process needs to renew here: the connection string (the password goes apart,
         through ``renewal_credentials``, never on a command line)."""
-        return ("postgres", self.conninfo, self.transaction_pooling)
+        return (self.kind, self.conninfo, self.transaction_pooling)
 
     def renewal_credentials(self) -> Any:
         return self._password

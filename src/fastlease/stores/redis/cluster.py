@@ -134,6 +134,7 @@ class _NoScript(Exception):
 class RedisClusterStore(RedisStore):
     """The LockStore adapter for a Redis Cluster: the Redis store's requests, each routed to its slot's node."""
 
+    kind = "redis-cluster"  # in stores.registry
     layout: Any = ClusterLayout
     scripts = CLUSTER_SCRIPTS
     name_slot = staticmethod(name_slot)  # for the feed, which routes its shard channels by slot
@@ -331,10 +332,10 @@ class RedisClusterStore(RedisStore):
             return portable
         slots = self._slots
         nodes = sorted({a for a in slots if a is not None}) if slots is not None else []
-        return ("redis-cluster", *portable, list(dict.fromkeys([*nodes, *self.startup_nodes])))
+        return (self.kind, *portable, list(dict.fromkeys([*nodes, *self.startup_nodes])))
 
     @classmethod
-    def from_renewal_config(cls, config: Any) -> RedisClusterStore:
+    def from_renewal_config(cls, config: Any, credentials: Any = None) -> RedisClusterStore:
         """A cluster store with the settings and nodes ``renewal_config()`` gave (in the renewal process)."""
         load_redis()
         return cls(config[3], connection_kind(config[1]), config[2])

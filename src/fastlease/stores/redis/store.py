@@ -66,6 +66,7 @@ _RENEWAL_RESET_SETTINGS = frozenset({"retry", "retry_on_error", "retry_on_timeou
 class RedisStore:
     """The LockStore adapter for one Redis server: one script per protocol step (one HGETALL per record read)."""
 
+    kind = "redis"  # in stores.registry
     blocking = True
     layout: Any = NodeLayout
     scripts = NODE_SCRIPTS
@@ -360,7 +361,7 @@ class RedisStore:
         and password, TLS and its options, timeouts), or why they cannot be given there: a setting
         that is a live object (a credential provider, a connect callback, an SSL context, ...)."""
         portable = self.portable_settings()
-        return portable if isinstance(portable, str) else ("redis", *portable)
+        return portable if isinstance(portable, str) else (self.kind, *portable)
 
     def portable_settings(self) -> Any:
         """(connection kind, plain settings) that another process can connect with, or why not (a str)."""
@@ -392,7 +393,7 @@ class RedisStore:
         return known[kind], settings
 
     @classmethod
-    def from_renewal_config(cls, config: Any) -> RedisStore:
+    def from_renewal_config(cls, config: Any, credentials: Any = None) -> RedisStore:
         """A store with the connection settings ``renewal_config()`` gave (in the renewal process): on
         our own connection (``wire``) when it honours every setting, which spares the renewal process
         redis-py's memory; else on redis-py's."""
