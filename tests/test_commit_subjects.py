@@ -1,4 +1,4 @@
-""".ci/check-commit-subjects (README.md, "Contributing"): after its base commit, every commit message
+""".ci/check-commit-subjects (CONTRIBUTING.md, "Commit messages"): after its base commit, every commit message
 starts with a subject of one line of at most 72 characters. Each test builds a small repository of
 its own; the script is in a git checkout only (not in an sdist, nor in the wheel's copy of the suite)."""
 

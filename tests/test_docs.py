@@ -1,4 +1,4 @@
-"""Every example in README.md and docs/*.md runs: the documentation cannot drift from the code.
+"""Every example in README.md, CONTRIBUTING.md and docs/*.md runs: the documentation cannot drift from the code.
 
 Each ```python fenced block is executed as one test, with an id such as ``README.md:L123`` (the line
 of its opening fence). Blocks run in a fresh module namespace, with a fresh temporary directory as the
@@ -64,7 +64,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARKERS = frozenset({"dynamodb", "redis", "redis-cluster", "postgres", "server", "continue", "pytest", "conftest"})
 #: The test needs (or starts) a service process.
 SERVER_MARKERS = frozenset({"redis", "redis-cluster", "postgres", "server"})
@@ -356,7 +356,7 @@ def test_protocol_scripts_and_statements_are_quoted_verbatim(block: Block) -> No
 #: section by name instead.
 OUTSIDE_CITATIONS = re.compile("|".join(
     [re.escape(".." + "/shared"), re.escape("lock" + "-contract"), re.escape("seeds" + "/"), "\u00a7"]))
-CITING_PATHS = ("src", "tests", "docs", "bench", "wheels", "README.md")
+CITING_PATHS = ("src", "tests", "docs", "bench", "wheels", "README.md", "CONTRIBUTING.md")
 
 
 def _citing_files() -> list[Path]:

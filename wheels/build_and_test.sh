@@ -105,9 +105,9 @@ PY
 )
 
 step "test: the server-free suite against the installed wheel (the compiled engine's cases)"
-# A copy of the tests and their configuration, with the README and docs the doc tests read, but no src/.
+# A copy of the tests and their configuration, with the documents the doc tests read, but no src/.
 mkdir "$work/suite"
-cp -r "$root/tests" "$root/pyproject.toml" "$root/README.md" "$work/suite/"
+cp -r "$root/tests" "$root/pyproject.toml" "$root/README.md" "$root/CONTRIBUTING.md" "$work/suite/"
 [ -d "$root/docs" ] && cp -r "$root/docs" "$work/suite/"
 # No redis-server and CI=true: a test that needs one but is not marked `server` fails instead of skipping.
 # `not interpreted` and `not slow`: the interpreted engine's cases and the soak and fuzz tests (the thousand-lease
