@@ -40,7 +40,8 @@ __all__ = [
     "distributed_lock",
 ]
 
-__version__ = "0.1.0"
+from ._version import __version__ as __version__  # noqa: E402 - re-exported: the package's version
+
 
 #: Public names loaded on first use: name -> the module that defines it (the store clients: from the
 #: one list of backends; MemoryClient is imported above).

@@ -29,7 +29,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, cast
 
-from . import __version__, _impl, demo
+from . import _impl, demo
 from ._store_factory import (
     DEFAULT_REDIS_URL,
     DEFAULT_SQLITE_PATH,
@@ -41,9 +41,10 @@ from ._store_factory import (
     StoreOptions,
     client_from_options,
 )
+from ._version import __version__
 from .client import LeaseClient
 from .exceptions import FastleaseError
-from .stores.base import NO_USAGE
+from .stores.base import NO_USAGE, check_table
 from .stores.postgres.sql import sql_identifier
 
 if TYPE_CHECKING:  # annotations only: boto3's and psycopg's clients are imported when their store is chosen
@@ -125,10 +126,10 @@ def _parser() -> argparse.ArgumentParser:
 
 #: The arguments that name a key or a table, by command: (attribute, name in messages, the engine's check).
 _CHECKED_ARGUMENTS: dict[str, tuple[tuple[str, str, Callable[[object], str]], ...]] = {
-    "create-table": (("name", "NAME", _impl.core.check_table),),
-    "status": (("key", "KEY", _impl.core.check_key), ("table", "--table", _impl.core.check_table)),
-    "list": (("table", "--table", _impl.core.check_table),),
-    "release": (("key", "KEY", _impl.core.check_key), ("table", "--table", _impl.core.check_table)),
+    "create-table": (("name", "NAME", check_table),),
+    "status": (("key", "KEY", _impl.core.check_key), ("table", "--table", check_table)),
+    "list": (("table", "--table", check_table),),
+    "release": (("key", "KEY", _impl.core.check_key), ("table", "--table", check_table)),
 }
 
 
@@ -139,7 +140,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     argument and the rule."""
     for attribute, name, check in _CHECKED_ARGUMENTS.get(args.command, ()):
         checks = [check]
-        if check is _impl.core.check_table and getattr(args, "store", None) == "postgres":
+        if check is check_table and getattr(args, "store", None) == "postgres":
             checks.append(cast("Callable[[object], str]", sql_identifier))
         try:
             for rule in checks:

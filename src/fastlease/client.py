@@ -13,6 +13,7 @@ import threading
 
 from . import _impl
 from ._typing import cast
+from .stores.base import check_table
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def idempotency_lock_table(core: ModuleType, table: str, lock_table: Optional[st
     """The lock table that holds the in-flight leases of idempotency record table ``table``:
     ``lock_table``, else ``<table>_locks``; checked by the engine's table rule (ValueError naming it),
     and never the record table itself."""
-    locks = str(core.check_table(lock_table if lock_table is not None else f"{table}_locks"))
+    locks = str(check_table(lock_table if lock_table is not None else f"{table}_locks"))
     if locks == table:
         raise ValueError(f"the lock table and the record table must differ, both are {table!r}")
     return locks

@@ -19,6 +19,7 @@ from .lock import (
     SyncDistributedLock,
     check_client,
 )
+from .stores.base import check_table
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def distributed_lock(
     check_client(client)
     core = client.engine_module
     options = LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold, on_lost)
-    core.check_table(table)
+    check_table(table)
     template = core.KeyTemplate(key)
 
     def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:

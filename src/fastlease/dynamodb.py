@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Self, Type, 
 
 from .client import LeaseClient, idempotency_lock_table
 from .exceptions import StoreConfigurationError, StoreRequestRejected, TransactionCanceled
+from .stores.base import check_table
 from .stores.dynamodb.store import DynamoDBStore, _int_or_raw, condition_check, missing_table, record_item
 from .stores.dynamodb.transport import Boto3Transport, import_boto3
 
@@ -41,7 +42,7 @@ _T = TypeVar("_T")
 
 
 def _user_agent() -> str:
-    from . import __version__
+    from ._version import __version__
 
     return f"fastlease/{__version__} Python/{platform.python_version()}"
 
@@ -267,7 +268,7 @@ class DynamoDBClient(LeaseClient):
 
     def lock_table_exists(self, name: str) -> bool:
         """True if the table exists (in any status)."""
-        self.engine_module.check_table(name)
+        check_table(name)
         try:
             self.boto3_client.describe_table(TableName=name)
         except self.boto3_client.exceptions.ResourceNotFoundException:
@@ -277,7 +278,7 @@ class DynamoDBClient(LeaseClient):
     def inspect(self, table: str, key: Optional[str] = None) -> list[dict[str, Any]]:
         """Held rows, through your boto3 client: a consistent GetItem for one key, else a consistent
         Scan (paginated; an operator's tool, not for hot paths)."""
-        self.engine_module.check_table(table)
+        check_table(table)
         try:
             if key is not None:
                 response = self.boto3_client.get_item(TableName=table, Key={"key": {"S": key}}, ConsistentRead=True)
@@ -312,7 +313,7 @@ class DynamoDBClient(LeaseClient):
         "N"))``. ``wait`` (True by default, unlike pydynox) returns once the table is active, polling each
         second for at most ``timeout_seconds`` (25 s by default). A table that exists already with this key
         schema is fine; one with another raises StoreRequestRejected, naming both schemas."""
-        self.engine_module.check_table(name)
+        check_table(name)
         partition = _key_attribute("partition_key", partition_key)
         keys = [(partition, "HASH")]
         if sort_key is not None:
@@ -346,7 +347,7 @@ class DynamoDBClient(LeaseClient):
         """Delete a table, whatever it holds (a lock table's leases too). ``wait`` (True by default, unlike
         pydynox) returns once it is gone, polling each second for at most ``timeout_seconds`` (25 s by
         default). A missing table raises boto3's ``ResourceNotFoundException``."""
-        self.engine_module.check_table(name)
+        check_table(name)
         _check_wait(wait, timeout_seconds)
         self.boto3_client.delete_table(TableName=name)
         if wait:
@@ -361,7 +362,7 @@ class DynamoDBClient(LeaseClient):
                       consistent_read: bool = True) -> Optional[dict[str, Any]]:
         """One item as plain Python values (numbers as ``Decimal``), or None if absent. The read is
         strongly consistent unless ``consistent_read=False`` (pydynox reads eventually consistent by default)."""
-        self.engine_module.check_table(table)
+        check_table(table)
         if type(consistent_read) is not bool:
             raise TypeError(f"consistent_read must be True or False, got {consistent_read!r:.80}")
         response = self.boto3_client.get_item(TableName=table, Key=_to_wire("key", key), ConsistentRead=consistent_read)
@@ -373,7 +374,7 @@ class DynamoDBClient(LeaseClient):
         """Write a whole item (plain Python values), replacing any item with its key. If the condition is
         false, boto3's ``ConditionalCheckFailedException`` (``client.boto3_client.exceptions``) is raised
         and nothing is written. Returns None (pydynox returns its request metrics)."""
-        self.engine_module.check_table(table)
+        check_table(table)
         self.boto3_client.put_item(**_expressions(
             {"TableName": table, "Item": _to_wire("item", item)},
             condition_expression, expression_attribute_names, expression_attribute_values))
@@ -383,7 +384,7 @@ class DynamoDBClient(LeaseClient):
                          expression_attribute_values: _Values = None) -> None:
         """Delete the item with this key (a missing item is no error). If the condition is false, boto3's
         ``ConditionalCheckFailedException`` is raised and nothing is deleted. Returns None."""
-        self.engine_module.check_table(table)
+        check_table(table)
         self.boto3_client.delete_item(**_expressions(
             {"TableName": table, "Key": _to_wire("key", key)},
             condition_expression, expression_attribute_names, expression_attribute_values))

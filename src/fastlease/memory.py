@@ -4,6 +4,7 @@ tests, and for code that wants the lease API without a server."""
 from __future__ import annotations
 
 from .client import LeaseClient
+from .stores.base import check_table
 from .stores.memory import MemoryStore
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
@@ -27,6 +28,6 @@ class MemoryClient(LeaseClient):
         super().__init__(self.store, clock=clock, **engine)
 
     def inspect(self, table: str, key: Optional[str] = None) -> list[dict[str, Any]]:
-        rows = self.store.rows(self.engine_module.check_table(table))
+        rows = self.store.rows(check_table(table))
         return [{"key": k, **row._asdict()}
                 for k, row in sorted(rows.items()) if key is None or k == key]

@@ -24,7 +24,7 @@ except ImportError as missing:  # the extra is not installed
         "fastlease.otel needs the OpenTelemetry API: pip install 'fastlease[otel]'"
     ) from missing
 
-from . import __version__
+from ._version import __version__
 from .exceptions import LockLost, LockNotAcquired
 from .lock import check_client
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional, Self, Type, Union, cast
 from ..client import LeaseClient, idempotency_lock_table
 from ..exceptions import LockLost, LockNotAcquired
 from ..lock import DEFAULT_LEASE_DURATION, MAX_RETENTION, LeaseOptions, SyncDistributedLock, check_client, seconds_to_ms
+from ..stores.base import check_table
 from .exceptions import (
     NOT_SERIALIZABLE,
     IdempotencyError,
@@ -64,7 +65,7 @@ class _CallSpec:
         self.store = client.store
         if not hasattr(self.store, "finish_if_owner"):
             raise TypeError(f"{type(client).__name__} has no idempotency records")
-        self.table = core.check_table(table)
+        self.table = check_table(table)
         self.lock_table = idempotency_lock_table(core, self.table, lock_table)
         # Lock timings follow the guards' rule, under this API's names; ttl is a retention (up to a year).
         self.lease = LeaseOptions.from_seconds(lease_duration, wait, wait_name="wait")
