@@ -7,14 +7,14 @@ with a RuntimeWarning. ``load("py")`` loads the source under its own name even w
 exists, so that one test run exercises both.
 
 A compiled module carries the CRC-32 of the source it was compiled from (``BUILT_FROM``). Where that
-source sits beside it and differs (a checkout moved on and the editable install was not rebuilt), the
-build is stale: it would run code that is no longer in the tree, so fastlease warns and runs the
-source instead; a stale native core also gives way to its fallback (``native_core``).
+source sits beside it in a source tree, was written after the module, and differs (a checkout moved
+on and the editable install was not rebuilt), the build is stale: it would run code that is no longer in the
+tree, so fastlease warns and runs the source instead; a stale native core also gives way to its
+fallback (``native_core``).
 """
 
 from __future__ import annotations
 
-import binascii
 import importlib
 import os
 import sys
@@ -59,13 +59,25 @@ def load(implementation: str) -> ModuleType:
 
 
 def stale_build(module: ModuleType, source_name: str) -> str:
-    """Why compiled ``module`` is not built from ``source_name`` beside it; "" when it is, or when that
-    source is not there to compare (a wheel ships _engine.py, not _core.pyx)."""
+    """Why compiled ``module`` is not built from ``source_name`` beside it; "" when it is, or outside a
+    source tree."""
+    here = os.path.dirname(__file__)
+    path = os.path.join(here, source_name)
     try:
-        with open(os.path.join(os.path.dirname(__file__), source_name), "rb") as source:
-            crc = f"{binascii.crc32(source.read()):08x}"
+        # Only a source tree (an editable install) can hold a stale build: it has the Cython declarations
+        # beside the modules, which a wheel does not ship. There, a source written before its module was
+        # compiled has not changed since (a checkout writes the files it changes at the current time).
+        # So an import costs one or two stat calls, not binascii (0.4 ms) and a read.
+        if (not os.path.exists(os.path.join(here, source_name.rsplit(".", 1)[0] + ".pxd"))
+                or os.stat(path).st_mtime_ns <= os.stat(module.__file__ or path).st_mtime_ns):
+            return ""
+        with open(path, "rb") as source:
+            data = source.read()
     except OSError:
         return ""
+    import binascii
+
+    crc = f"{binascii.crc32(data):08x}"
     built_from = getattr(module, "BUILT_FROM", "")  # a build older than this check has none
     if built_from == crc:
         return ""
@@ -73,10 +85,15 @@ def stale_build(module: ModuleType, source_name: str) -> str:
             f"the file beside it has {crc})")
 
 
+def _extensions_off() -> bool:
+    """``FASTLEASE_NO_EXTENSIONS=1``, or an interpreter other than CPython: the source runs."""
+    return os.environ.get("FASTLEASE_NO_EXTENSIONS", "") not in ("", "0") or sys.implementation.name != "cpython"
+
+
 def native_core() -> Optional[ModuleType]:
     """The compiled native core (``_core``): None when extensions are off, it was not built, or its build
     is stale, so that the pure-Python pulse (which stops while the GIL is held) runs instead."""
-    if os.environ.get("FASTLEASE_NO_EXTENSIONS", "") not in ("", "0") or sys.implementation.name != "cpython":
+    if _extensions_off():
         return None
     try:
         native = importlib.import_module(f"{__package__}._core")
@@ -86,9 +103,7 @@ def native_core() -> Optional[ModuleType]:
 
 
 def _select() -> ModuleType:
-    if os.environ.get("FASTLEASE_NO_EXTENSIONS", "") not in ("", "0"):
-        return load("py")
-    if sys.implementation.name != "cpython":
+    if _extensions_off():
         return load("py")
     try:
         compiled = load("c")

@@ -112,7 +112,8 @@ def require_library(store: str) -> None:
     """Raise StoreOptionError, naming the ``pip install`` to run, if the store's optional library is missing.
 
     It looks the library up without importing it (boto3 takes a noticeable time to import)."""
-    library = BACKENDS[store].library if store in BACKENDS else None
+    backend = BACKENDS.get(store)
+    library = backend.library if backend is not None else None
     if library is not None:
         module, name, extra = library
         if importlib.util.find_spec(module) is None:
