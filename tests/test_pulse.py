@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,8 @@ def test_a_closed_native_pulse_stages_nothing_and_still_answers() -> None:
         pulse = _core.Pulse(write_end, 1000)
         lease = object()
         frame_id = pulse.register(lease, "locks", "k", "owner", "version", 1000, None, 1, 2, 0, 1)
+        registration = struct.pack("<6q", 1000, -1, 1, 2, 0, 1) + b"".join(
+            struct.pack("<H", len(part)) + part for part in (b"locks", b"k", b"owner", b"version"))
         assert frame_id == 1 and pulse.leases == {1: lease}
         pulse.close()
         pulse.close()  # idempotent
@@ -63,12 +66,35 @@ def test_a_closed_native_pulse_stages_nothing_and_still_answers() -> None:
         assert pulse.register(lease, "locks", "k", "o", "v", 1000, None, 1, 2, 0, 1) == 0
         assert pulse.stage(5, b"x") is False and pulse.unstage(5) is False
         assert pulse.child == 0 and pulse.pulses in (0, 1)  # (its first pulse goes out at once)
-        # close() closed the pulse's copy of the pipe: after at most that first pulse, the reader sees EOF.
+        # close() closed the pulse's copy of the pipe. Before it, the thread's first round may have written
+        # either a pulse frame (if it ran before register) or the staged registration in its place; after
+        # it, nothing: the reader sees whole frames, then EOF.
         os.close(write_end)
         write_end = -1
-        received = os.read(read_end, 4096)
-        assert len(received) in (0, 12) and os.read(read_end, 4096) == b"", received
+        frames = _frames(_read_to_eof(read_end))
+        assert frames in ([], [(0, b"")], [(1, registration)]), frames
+        assert len(frames) == pulse.pulses or frames[0][0] == 1, (frames, pulse.pulses)
     finally:
         os.close(read_end)
         if write_end >= 0:
             os.close(write_end)
+
+
+def _read_to_eof(fd: int) -> bytes:
+    received = b""
+    while chunk := os.read(fd, 4096):  # ends: the only write end was closed above
+        received += chunk
+    return received
+
+
+def _frames(data: bytes) -> list[tuple[int, bytes]]:
+    """Split the pipe's bytes into (id, payload) frames: a little-endian u32 length of what follows, a u64
+    id (0 for a pulse), the payload. A torn frame fails the test."""
+    frames, at = [], 0
+    while at < len(data):
+        (length,) = struct.unpack_from("<I", data, at)
+        assert at + 4 + length <= len(data), f"a torn frame at byte {at}: {data!r}"
+        (frame_id,) = struct.unpack_from("<Q", data, at + 4)
+        frames.append((frame_id, data[at + 12:at + 4 + length]))
+        at += 4 + length
+    return frames

@@ -80,8 +80,8 @@ def _error_text(error: BaseException) -> str:
 
 def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore], stop_at: float, events: Any,
            crash: Optional[threading.Event] = None) -> None:
-    """One worker's loop; reports ("hold", ...), ("lost", ...), ("done", ...), ("timeout", ...) or ("error", ...). A
-    timeout carries the last store error of its wait, or None when it only found the key held.
+    """One worker's loop; reports ("hold", ...), ("valid", ...), ("lost", ...), ("done", ...), ("timeout", ...) or
+    ("error", ...). A timeout carries the last store error of its wait, or None when it only found the key held.
 
     ``stop_at`` is on the monotonic clock, which is system-wide on Linux, so processes share it."""
     rng = random.Random(index)
@@ -108,11 +108,9 @@ def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore
             metrics = guard.metrics
             contended = metrics.read_requests > 0 or metrics.conditional_failures > 0  # found it held
             events.put(("hold", index, customer, time.monotonic(), metrics.wait_ms, contended))
-            if crash is not None and crash.wait(rng.uniform(*WORK_S)):
+            if _work(rng.uniform(*WORK_S), lease, lambda until: events.put(("valid", index, customer, until)), crash):
                 client.close()  # the simulated crash: renewals stop and the row is never released
                 return
-            if crash is None:
-                time.sleep(rng.uniform(*WORK_S))  # the work done under the lease
             renewals = lease.metrics.renewals
             try:
                 guard.__exit__(None, None, None)
@@ -123,6 +121,25 @@ def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore
         events.put(("error", index, _error_text(error)))
     finally:
         client.close()
+
+
+def _work(seconds: float, lease: Any, report: Callable[[float], object], crash: Optional[threading.Event]) -> bool:
+    """The work done under the lease: ``seconds`` of waiting, in slices of a renewal interval, reporting
+    before each slice when the lease's validity ends (so the parent can show that a takeover of a killed
+    holder's key never came before it). True if the simulated crash came."""
+    end = time.monotonic() + seconds
+    for _ in range(1000):  # bounded: a slice is at least 1 ms
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        report(lease.valid_until() or 0.0)  # on the monotonic clock, which the processes share
+        pause = min(left, LEASE_S / 3) + 0.001
+        if crash is not None:
+            if crash.wait(pause):
+                return True
+        else:
+            time.sleep(pause)
+    return False
 
 
 def _after_last_renewal() -> str:
@@ -275,6 +292,7 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
         for _ in range(count)
     ]
     holders: dict[str, Any] = dict.fromkeys(CUSTOMERS)  # worker index, None (free) or a label
+    valid_until: dict[tuple[int, str], float] = {}  # (worker, customer) -> its lease's last reported validity end
     killed: Optional[dict[str, Any]] = None
     errors: list[str] = []
     store_errors: dict[int, str] = {}  # worker index -> the last store error behind one of its timeouts
@@ -296,10 +314,14 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
                     holders[customer] = index
                     if killed is not None and killed["customer"] == customer and "takeover_s" not in killed:
                         killed["takeover_s"] = acquired - killed["at"]
+                        # The killed holder's last known validity end: a safe takeover comes after it.
+                        killed["valid_after_kill_s"] = valid_until.get((killed["worker"], customer), 0.0) - killed["at"]
                         killed["taken_by"] = index
                         say(f"[{acquired - start_at:5.1f}s] worker {index} took over {customer} "
                             f"{killed['takeover_s']:.2f} s after worker {killed['worker']} was killed, "
                             f"{_after_last_renewal()}")
+                elif kind == "valid":
+                    valid_until[(index, event[2])] = event[3]
                 elif kind == "done":
                     stats[index]["renewals"] += event[3]
                     if holders.get(event[2]) == index:
@@ -404,7 +426,11 @@ def _print_table(summary: dict[str, Any], say: Callable[[str], None]) -> None:
         say(f"takeover: worker {killed['taken_by']} took {killed['customer']} over {killed['takeover_s']:.2f} s "
             f"after worker {killed['worker']} was killed,")
         say(f"  {_after_last_renewal()}: a holder renews every {LEASE_S / 3:.2f} s, so a takeover can come "
-            f"{LEASE_S * 2 / 3:.2f} s after the kill")
+            f"{LEASE_S * 2 / 3:.2f} s after the kill, or sooner when its renewals ran late")
+        if "valid_after_kill_s" in killed:
+            after = killed["takeover_s"] > killed["valid_after_kill_s"]
+            say(f"  the killed holder's lease was valid until {killed['valid_after_kill_s']:+.2f} s from the kill "
+                f"(its last report), and the takeover came {'after that' if after else 'BEFORE that: two holders'}")
     else:
         say(f"worker {killed['worker']} was killed holding {killed['customer']}; nobody asked for it again in time")
     lost = sum(row.get("lost", 0) for row in summary["workers"])
