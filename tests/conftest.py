@@ -16,7 +16,7 @@ from fastlease.stores.memory import MemoryStore
 from fastlease.testing import FakeClock, FaultInjector
 from fastlease.testing.fixtures import start_or_skip
 from fastlease.testing.redis_cluster import RedisClusterServer, RedisClusterUnavailable
-from proc_helpers import Children
+from helpers.processes import Children
 
 #: Fixtures that start or reach a service process (a moto server, a redis-server, a Redis Cluster, PostgreSQL):
 #: tests that use them are marked ``server``, so a wheel can be tested where no server runs (``-m "not server"``).
@@ -30,8 +30,8 @@ EMPTY_DATABASE_LOCK_TIMEOUT = "10s"
 #: dependency group, which every platform can install) has no psycopg, and these modules' tests all need
 #: the PostgreSQL server anyway, so there they are not collected. ``make test`` installs psycopg (the
 #: ``test`` group), so it always collects them.
-PSYCOPG_MODULES = ["stores/test_postgres.py", "stores/test_postgres_feed.py", "test_bench_postgres.py",
-                   "test_postgres_processes.py"]
+PSYCOPG_MODULES = ["stores/test_postgres.py", "stores/test_postgres_feed.py", "stores/test_postgres_processes.py",
+                   "test_bench_postgres.py"]
 #: Test modules of the benchmarks, which import the scripts in ``bench/``. The wheel's suite is a copy of
 #: ``tests/`` without ``bench/`` (and their tests all need a server), so there they are not collected.
 BENCH_MODULES = ["test_bench_redis.py", "test_bench_postgres.py", "test_bench_renewal_memory.py"]

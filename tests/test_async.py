@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
-import time
 
 import pytest
 
 from fastlease import DistributedLock, LockLost, LockNotAcquired, SyncDistributedLock, distributed_lock
+from helpers.waiting import wait_until, wait_until_async
+
+BOUND_S = 10.0  # every wait on the guard's threads and the store
 
 
 def run(coro):
@@ -25,14 +27,6 @@ def run(coro):
     gc.collect()
     assert reported == [], reported
     return result
-
-
-async def until(condition, seconds=10.0):
-    """Poll a condition from the event loop, bounded."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
 
 
 def test_async_guard_holds_and_releases(make_client, store):
@@ -111,11 +105,11 @@ def test_a_cancelled_acquisition_s_guard_still_has_metrics(make_client, store, r
         with SyncDistributedLock(holder, table="locks", key="k"):
             guard = DistributedLock(waiter, table="locks", key="k", wait_timeout=60)
             task = asyncio.ensure_future(guard.acquire())
-            await until(lambda: real_faults.calls["read"] >= 1)
+            await wait_until_async(lambda: real_faults.calls["read"] >= 1, BOUND_S, "the waiter's first read")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            await until(lambda: guard.state == "failed")
+            await wait_until_async(lambda: guard.state == "failed", BOUND_S, "the guard to fail")
         return guard
 
     guard = run(main())
@@ -171,11 +165,11 @@ def test_cancelled_while_waiting_leaves_no_guard(make_client, store, real_faults
         with SyncDistributedLock(holder, table="locks", key="k"):
             lock = DistributedLock(waiter, table="locks", key="k", wait_timeout=60)
             task = asyncio.ensure_future(lock.__aenter__())
-            await until(lambda: injector.calls["read"] >= 1)  # it is waiting on our row
+            await wait_until_async(lambda: injector.calls["read"] >= 1, BOUND_S, "the waiter to read our row")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            await until(lambda: lock._guard.state == "failed")  # the thread stopped waiting
+            await wait_until_async(lambda: lock._guard.state == "failed", BOUND_S, "the thread to stop waiting")
         return lock
 
     lock = run(main())
@@ -191,12 +185,12 @@ def test_a_write_confirmed_after_cancellation_is_deleted(make_client, store, rea
     async def main():
         lock = DistributedLock(client, table="locks", key="k")
         task = asyncio.ensure_future(lock.__aenter__())
-        await until(injector.blocked.is_set)
+        await wait_until_async(injector.blocked.is_set, BOUND_S, "the put to block")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         injector.unblock()  # the put now lands, after the cancellation
-        await until(lambda: lock._guard.state == "failed")
+        await wait_until_async(lambda: lock._guard.state == "failed", BOUND_S, "the guard to fail")
         return lock
 
     lock = run(main())
@@ -214,14 +208,11 @@ def test_cancelled_just_after_acquiring_releases_in_the_background(make_client, 
         await asyncio.sleep(0)  # the task starts its acquisition thread and awaits it
         # Block the event loop (no await) until the thread holds the lease: the task cannot resume
         # before the cancellation below, so its cancel path must release what the thread acquired.
-        deadline = time.monotonic() + 10
-        while lock._guard.state != "held":
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        wait_until(lambda: lock._guard.state == "held", BOUND_S, "the thread to hold the lease", interval=0.001)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await until(lambda: lock._guard.state == "released")
+        await wait_until_async(lambda: lock._guard.state == "released", BOUND_S, "the background release")
         return lock
 
     run(main())
@@ -241,13 +232,13 @@ def test_cancelling_the_release_does_not_abort_it(make_client, store, real_fault
                 pass
 
         task = asyncio.ensure_future(body())
-        await until(injector.blocked.is_set)  # the release is in flight
+        await wait_until_async(injector.blocked.is_set, BOUND_S, "the release to be in flight")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert "k" in store.rows("locks")
         injector.unblock()
-        await until(lambda: lock._guard.state == "released")
+        await wait_until_async(lambda: lock._guard.state == "released", BOUND_S, "the background release")
 
     run(main())
     assert store.rows("locks") == {}
@@ -310,8 +301,9 @@ def cancellation_storm(client_factory, store_rows, *, tasks=1000, seed=None):
                 else:
                     raise result
         # Background cleanups (releases after a cancel) finish within the cleanup budget, so no guard
-        # is left held (until() fails the test otherwise).
-        await until(lambda: all(g.state in ("released", "failed", "lost") for g in guards), seconds=30)
+        # is left held (the wait fails the test otherwise).
+        await wait_until_async(lambda: all(g.state in ("released", "failed", "lost") for g in guards), 30,
+                               "every guard released, failed or lost")
 
     run(main())
     assert store_rows() == {}

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from fastlease import SQLiteClient
 from fastlease.idempotency.fastapi import idempotent_route
+from helpers.waiting import wait_until_async
 
 with warnings.catch_warnings():
     # Starlette 1.x prefers httpx2 for its TestClient and warns on import when it finds httpx, the
@@ -148,10 +149,7 @@ def test_a_duplicate_in_flight_is_409_with_retry_after(client):
         async with http(app) as api:
             headers = {"Idempotency-Key": "slow"}
             first = asyncio.ensure_future(api.post("/process-payment", json={"amount": 5.0}, headers=headers))
-            for _ in range(1000):  # bounded: until the first request holds the key
-                if client.inspect("payments_locks"):
-                    break
-                await asyncio.sleep(0.005)
+            await wait_until_async(lambda: client.inspect("payments_locks"), 5, "the first request to hold the key")
             duplicate = await api.post("/process-payment", json={"amount": 5.0}, headers=headers)
             gate.set()
             done = await first

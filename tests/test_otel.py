@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterator
@@ -34,6 +33,7 @@ from fastlease.idempotency import IdempotencyInProgress, IdempotencyKeyMismatch,
 from fastlease.otel import instrument, uninstrument
 from fastlease.stores.base import LockRow
 from fastlease.testing import FakeClock, FaultInjector
+from helpers.waiting import wait_until
 
 _PAUSE = threading.Event()  # never set: waited on for the bounded polls below
 
@@ -250,9 +250,7 @@ def test_renewals_the_renewal_process_reports_are_counted(core, tmp_path, record
     pid = None
     try:
         with SyncDistributedLock(client, table="locks", key="long", lease_duration=1) as lease:
-            deadline = time.monotonic() + 20
-            while lease.metrics.renewals < 2 and time.monotonic() < deadline:  # every 333 ms
-                _PAUSE.wait(0.05)
+            wait_until(lambda: lease.metrics.renewals >= 2, 20, "two renewals (every 333 ms)", interval=0.05)
             pid = link.pid
             assert pid is not None, "the renewal process did not start"
         renewals = lease.metrics.renewals

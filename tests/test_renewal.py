@@ -9,6 +9,7 @@ import time
 import pytest
 
 from fastlease import LockLost, LockNotAcquired, SyncDistributedLock
+from helpers.waiting import wait_until
 
 
 def test_renewal_keeps_a_lease_alive_through_ten_leases(make_client, clock, store):
@@ -95,13 +96,8 @@ def test_renewal_blocked_by_a_hung_request_is_detected_as_loss(make_client, real
         with pytest.raises(LockLost) as info:
             with SyncDistributedLock(client, table="locks", key="k", lease_duration=0.3) as lease:
                 assert injector.blocked.wait(5), "the renewal request never started"
-                lost_at = None
-                for _ in range(500):  # bounded: 0.9 * 0.3 s is reached after a few dozen rounds
-                    if not lease.is_valid():
-                        lost_at = time.monotonic()
-                        break
-                    time.sleep(0.01)  # polling a local check, bounded by the loop
-                assert lost_at is not None
+                # Validity ends 0.9 * 0.3 s after the acquisition.
+                wait_until(lambda: not lease.is_valid(), 5, "the lease's validity to end", interval=0.01)
                 lease.raise_if_lost()
         assert info.value.cause in ("expired", "unreachable")
     finally:
@@ -117,11 +113,8 @@ def test_a_renewal_confirmed_after_validity_ended_neither_counts_nor_extends(mak
     with pytest.raises(LockLost, match=r"lapsed before the block ended \(expired\)"):
         with SyncDistributedLock(client, table="locks", key="k", lease_duration=0.3) as lease:
             assert real_faults.blocked.wait(5), "the first renewal never started"
-            for _ in range(500):  # bounded: validity ends 0.27 s after the acquisition
-                if not lease.is_valid():
-                    break
-                time.sleep(0.01)  # polling a local check, bounded by the loop
-            assert not lease.is_valid()
+            # Validity ends 0.27 s after the acquisition.
+            wait_until(lambda: not lease.is_valid(), 5, "the lease's validity to end", interval=0.01)
             real_faults.unblock()  # the renewal write lands now, after validity ended
             assert lease.lost.wait(5), "the late confirmation was taken as a renewal"
             assert lease.lost_cause == "expired"

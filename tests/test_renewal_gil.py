@@ -12,8 +12,8 @@ its renewal process stops renewing and a contender takes over after the lease; t
 finds the lease lost and leaves the new owner's row alone. The control, ``renewal="thread"``, shows
 the first test can fail: the call outlives the lease.
 
-Every wait is bounded (``proc_helpers.receive``); the ``children`` fixture SIGKILLs every child by its
-PID when a test ends. Monotonic times compare across processes (CLOCK_MONOTONIC is system-wide).
+Every wait is bounded (``helpers.processes.receive``); the ``children`` fixture SIGKILLs every child by
+its PID when a test ends. Monotonic times compare across processes (CLOCK_MONOTONIC is system-wide).
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ from typing import Any, Iterator, NamedTuple, Tuple
 
 import pytest
 
-import gil_workers
-import mp_workers
 from fastlease import SyncDistributedLock
-from proc_helpers import JOIN_S, MIN_TAKEOVER_S, Child, Children, receive, tell
+from helpers import gil_workers, mp_workers
+from helpers.processes import JOIN_S, MIN_TAKEOVER_S, Child, Children, receive, tell
 
 pytestmark = pytest.mark.all_pythons
 

@@ -35,6 +35,7 @@ import pytest
 from chaos.proxy import FaultProxy
 from fastlease import LockLost, MemoryClient, SQLiteClient, SyncDistributedLock, _impl
 from fastlease.testing import FakeClock
+from helpers.waiting import wait_until
 
 # The safety rules hold on every Python that CI runs: make test runs these on 3.12 and 3.13 too.
 pytestmark = [pytest.mark.all_pythons, pytest.mark.posix]
@@ -65,16 +66,6 @@ def _children() -> set[int]:
         if int(fields[1]) == me:
             found.add(int(name))
     return found
-
-
-def _until(predicate: Callable[[], Any], timeout_s: float, step_s: float = 0.02) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout_s`` has passed; returns whether it became true."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return False
-        _PAUSE.wait(step_s)
-    return True
 
 
 def _stop_child(pid: Optional[int]) -> None:
@@ -115,7 +106,7 @@ def _renewal_pid(client: Any, seen: list[int]) -> int:
     """The client's renewal process, once it has started (bounded wait); recorded for the teardown."""
     link = client.engine.link
     assert link is not None, "this client renews in process"
-    assert _until(lambda: link.pid is not None, 10), "the renewal process did not start"
+    wait_until(lambda: link.pid is not None, 10, "the renewal process to start")
     seen.append(link.pid)
     return int(link.pid)
 
@@ -222,7 +213,7 @@ def _delegated_lease(path: Path, key: str, seen: list[int]) -> Iterator[tuple[An
     try:
         with SyncDistributedLock(client, table="locks", key=key, lease_duration=LEASE_S) as lease:
             pid = _renewal_pid(client, seen)
-            assert _until(lambda: _renewals(lease) >= 1, 5)
+            wait_until(lambda: _renewals(lease) >= 1, 5, "a renewal from the renewal process")
             yield client, lease, pid
     finally:
         client.close()
@@ -230,8 +221,8 @@ def _delegated_lease(path: Path, key: str, seen: list[int]) -> Iterator[tuple[An
 
 def _assert_collected(pid: int) -> None:
     """The renewal process ``pid`` has exited and its client collected it: no zombie is left."""
-    assert _until(lambda: not os.path.exists(f"/proc/{pid}"), 5), \
-        f"renewal process {pid} not collected: {Path(f'/proc/{pid}/stat').read_text()[:80]!r}"
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 5,
+               lambda: f"renewal process {pid} to be collected: {Path(f'/proc/{pid}/stat').read_text()[:80]!r}")
 
 
 @pytest.mark.posix
@@ -314,7 +305,7 @@ class CommandLog:
         """Send ECHO ``text`` and wait (bounded) until it is logged: everything the server ran before
         it is in the log then."""
         redis_db.echo(text)
-        assert _until(lambda: any(e["command"] == f"ECHO {text}" for e in self.entries()), 5)
+        wait_until(lambda: any(e["command"] == f"ECHO {text}" for e in self.entries()), 5, f"ECHO {text} in the log")
 
     def close(self) -> None:
         self._stop.set()
@@ -381,9 +372,9 @@ def test_no_renewal_write_after_a_loss(redis_client, redis_db, command_log, rene
     with pytest.raises(LockLost) as info:
         with SyncDistributedLock(redis_client, table="locks", key="stolen", lease_duration=LEASE_S) as lease:
             _renewal_pid(redis_client, renewal_processes)
-            assert _until(lambda: _renewals(lease) >= 2, 5)
+            wait_until(lambda: _renewals(lease) >= 2, 5, "two renewals")
             redis_db.hset(lease_key("locks", "stolen"), "owner", "thief")  # the next renewal fails
-            assert _until(lambda: not lease.is_valid(), 3)
+            wait_until(lambda: not lease.is_valid(), 3, "the stolen lease to be lost")
             _PAUSE.wait(1.0)
             command_log.mark(redis_db, "stolen-end")
     assert info.value.cause == "stolen"
@@ -532,7 +523,7 @@ def test_renewals_are_signed_with_refreshed_credentials(dynamodb_table, recorder
         assert client.transport == "fast"
         with SyncDistributedLock(client, table=dynamodb_table, key="rotated", lease_duration=LEASE_S) as lease:
             _renewal_pid(client, renewal_processes)
-            assert _until(lambda: refreshed_at, 5), "the credentials were never refreshed"
+            wait_until(lambda: refreshed_at, 5, "the credentials to be refreshed")
             _PAUSE.wait(1.5)
             assert lease.is_valid() and client.engine.link.renewing == 1
     finally:
@@ -560,7 +551,7 @@ def test_expired_credentials_end_renewals_and_the_lease(dynamodb_table, recorder
     try:
         guard.__enter__()
         _renewal_pid(client, renewal_processes)
-        assert _until(lambda: not guard.is_valid(), 3.0 + 0.9 + 2.0), "the lease outlived its credentials"
+        wait_until(lambda: not guard.is_valid(), 3.0 + 0.9 + 2.0, "the lease to end with its credentials")
         lost_at = time.time()
         _PAUSE.wait(1.0)
         assert not guard.is_valid()
@@ -698,7 +689,7 @@ def test_an_acquisition_does_not_wait_for_the_renewal_process(tmp_path, monkeypa
             acquired_in = time.monotonic() - started
             assert acquired_in < 1.0, acquired_in
             _renewal_pid(client, renewal_processes)
-            assert _until(lambda: _renewals(lease) >= 1, 8)  # renewed once the process is up
+            wait_until(lambda: _renewals(lease) >= 1, 8, "a renewal once the renewal process is up")
             assert lease.is_valid()
     finally:
         client.close()
@@ -715,7 +706,8 @@ def test_a_thousand_leases_renew_from_the_renewal_process_on_a_few_threads(tmp_p
             guard.__enter__()
         acquired_s = time.monotonic() - started
         _renewal_pid(client, renewal_processes)
-        renewed = _until(lambda: all(_renewals(guard) >= 1 for guard in guards), 12, step_s=0.25)
+        wait_until(lambda: all(_renewals(guard) >= 1 for guard in guards), 12, "a renewal of every lease",
+                   interval=0.25)
         held_s = time.monotonic() - started
         lost = [guard.key for guard in guards if not guard.is_valid()]
         new = _threads() - threads
@@ -732,7 +724,7 @@ def test_a_thousand_leases_renew_from_the_renewal_process_on_a_few_threads(tmp_p
         print(f"\n1000 leases x 10 s from the renewal process: acquired in {acquired_s:.2f} s, all renewed "
               f"after {held_s:.2f} s, released in {released_s:.2f} s; holder threads +{len(new)} "
               f"({len(new_python)} scheduler and workers, {len(new - new_python)} pulse)")
-    assert renewed and lost == [] and delegated == 1000
+    assert lost == [] and delegated == 1000
     assert sum(guard.metrics.lost for guard in guards) == 0
     # The scheduler and its workers (at most 1 + RENEWAL_WORKERS = 4 Python threads), and the pulse.
     assert len(new_python) <= 1 + _impl.core.RENEWAL_WORKERS
@@ -766,7 +758,7 @@ def test_three_clients_on_two_stores_share_one_renewal_process(tmp_path, redis_u
             guard.__enter__()
         pids = {_renewal_pid(client, renewal_processes) for client in clients}
         assert len(pids) == 1, pids
-        assert _until(lambda: all(_renewals(guard) >= 2 for guard in guards), 5)
+        wait_until(lambda: all(_renewals(guard) >= 2 for guard in guards), 5, "two renewals of each lease")
         assert [client.engine.link.renewing for client in clients] == [1, 1, 1]
         guards[0].__exit__(None, None, None)
         clients[0].close()  # one client leaves: the others renew on, in the same process
@@ -790,21 +782,24 @@ def test_a_killed_renewal_process_is_replaced_and_takes_the_held_lease_back(tmp_
         with caplog.at_level(logging.WARNING, logger="fastlease.renewal"):
             first.__enter__()
             old = _renewal_pid(client, renewal_processes)
-            assert _until(lambda: _renewals(first) >= 1, 5)
+            wait_until(lambda: _renewals(first) >= 1, 5, "a renewal from the renewal process")
             os.kill(old, signal.SIGKILL)  # the OOM killer
             # The holder notices at its next look, and renews the lease itself meanwhile.
-            assert _until(lambda: link.renewing == 0, 5) and first.is_valid()
+            wait_until(lambda: link.renewing == 0, 5, "the holder to take its lease back")
+            assert first.is_valid()
             in_process = _renewals(first)
-            assert _until(lambda: _renewals(first) >= in_process + 2, 5) and first.is_valid()
+            wait_until(lambda: _renewals(first) >= in_process + 2, 5, "two renewals in process")
+            assert first.is_valid()
         warnings = [r.getMessage() for r in caplog.records if r.name == "fastlease.renewal"]
         assert len(warnings) == 1 and "a new renewal process starts at the next lease" in warnings[0], warnings
         hub = _renewal_link._hub()
-        assert _until(lambda: time.monotonic() >= hub._restart_at, _renewal_link.RESTART_MAX_S)
+        wait_until(lambda: time.monotonic() >= hub._restart_at, _renewal_link.RESTART_MAX_S,
+                   "the restart delay to pass")
         second.__enter__()  # the next lease starts a new renewal process ...
         new = _renewal_pid(client, renewal_processes)
         assert new != old
         # ... and the held lease goes back to it from its own renewal step.
-        assert _until(lambda: link.renewing == 2, 5), link.renewing
+        wait_until(lambda: link.renewing == 2, 5, lambda: f"both leases delegated (renewing: {link.renewing})")
         before = _renewals(first)
         _hold_gil(2.5)  # renewed through a GIL-holding call again: it is the renewal process's once more
         assert first.is_valid() and second.is_valid()
@@ -870,7 +865,7 @@ def test_a_registration_staged_while_the_renewal_process_ends_is_renewed_here(tm
         hub = _hub_running_on(client, _StandInPulse(renewal_process_ends))
         with SyncDistributedLock(client, table="locks", key="k", lease_duration=LEASE_S) as lease:
             assert lease._lease._link_id == 0  # renewed by this process's renewal thread
-            assert _until(lambda: lease.metrics.renewals >= 2, 5.0), lease.metrics
+            wait_until(lambda: lease.metrics.renewals >= 2, 5.0, lambda: f"two renewals ({lease.metrics})")
             assert lease.is_valid()
     finally:
         client.close()
@@ -947,7 +942,7 @@ def test_a_renewal_process_of_another_protocol_refuses_and_renewals_stay_here(tm
         with caplog.at_level(logging.WARNING, logger="fastlease.renewal"):
             for key in ("first", "second"):
                 with SyncDistributedLock(client, table="locks", key=key, lease_duration=LEASE_S) as lease:
-                    assert _until(lambda: lease.metrics.renewals >= 2, 5.0), lease.metrics  # renewed here
+                    wait_until(lambda: lease.metrics.renewals >= 2, 5.0, lambda: f"two renewals here ({lease.metrics})")
                     assert lease.is_valid() and client.engine.link.pid is None
         refusals = [r.getMessage() for r in caplog.records if "renewal protocol" in r.getMessage()]
         assert len(refusals) == 1, refusals

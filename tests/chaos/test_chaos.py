@@ -4,9 +4,11 @@ plus tests that the checker and the fault proxy can fail, so a clean run means s
 from __future__ import annotations
 
 import socket
-import time
+from typing import Any
 
 import pytest
+
+from helpers.waiting import wait_until
 
 from . import workload
 from .harness import RECOVERY_BOUND_S, _check, run
@@ -105,24 +107,24 @@ def test_the_proxy_loses_responses_delays_commits_and_partitions(redis_url, redi
         with pytest.raises(redis.exceptions.TimeoutError):
             proxied.set("k", "late")
         assert redis_db.get("k") == b"lost"  # not yet ...
-        deadline = time.monotonic() + 10
-        while redis_db.get("k") != b"late":  # ... but later (bounded)
-            assert time.monotonic() < deadline, "the late commit never landed"
-            time.sleep(0.02)
+        wait_until(lambda: redis_db.get("k") == b"late", 10, "the late commit to land", interval=0.02)  # ... but later
         assert proxied.ping()
         proxy.set_fault("partition", 0.5)
         with pytest.raises(redis.exceptions.TimeoutError):
             proxied.set("k", "cut")
         proxied.close()
-        deadline = time.monotonic() + 10
-        while True:  # bounded: the partition heals after its 0.5 s
+
+        def read_on_a_new_connection() -> Any:  # (the value,), or None while the partition lasts
+            nonlocal proxied
             proxied = redis.Redis(port=proxy_port, socket_timeout=0.3, retry=None)
             try:
-                assert proxied.get("k") == b"late"  # the partitioned write was dropped, never applied
-                break
+                return (proxied.get("k"),)
             except redis.exceptions.TimeoutError:
                 proxied.close()
-                assert time.monotonic() < deadline, "the partition never healed"
+                return None
+
+        # The partition heals after its 0.5 s; the partitioned write was dropped, never applied.
+        assert wait_until(read_on_a_new_connection, 10, "the partition to heal", interval=0) == (b"late",)
         with socket.create_connection(("127.0.0.1", proxy_port), timeout=5) as raw:
             raw.sendall(b"PING\r\n")
             assert raw.recv(16) == b"+PONG\r\n"

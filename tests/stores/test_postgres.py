@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 import psycopg_pool
@@ -30,6 +30,7 @@ from fastlease.idempotency import IdempotentCall
 from fastlease.stores.postgres import session as pg_session
 from fastlease.stores.postgres import sql as pg_sql
 from fastlease.testing import NO_USAGE, FakeClock
+from helpers.waiting import wait_until
 
 BOUND_S = 20.0
 #: The slack allowed past a request's timeout on this shared 2-core machine (a scheduling delay of the
@@ -43,17 +44,6 @@ def backends(admin: psycopg.Connection, app: str) -> list[int]:
     return [pid for (pid,) in rows]
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = BOUND_S) -> Any:
-    """Poll ``predicate`` (a look at the server's state) until it is true; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.01)
-
-
 def version_of(admin: psycopg.Connection, key: str, table: str = "locks") -> Any:
     row = admin.execute(f'SELECT version FROM "{table}" WHERE key = %s', (key,)).fetchone()
     return None if row is None else row[0]
@@ -62,7 +52,7 @@ def version_of(admin: psycopg.Connection, key: str, table: str = "locks") -> Any
 def wait_for_a_renewal(admin: psycopg.Connection, key: str, what: str) -> None:
     """Wait until the row's version changes: the holder renewed (wherever its renewals run)."""
     seen = version_of(admin, key)
-    wait_until(lambda: version_of(admin, key) != seen, what)
+    wait_until(lambda: version_of(admin, key) != seen, BOUND_S, what)
 
 
 def lock_waiter(admin: psycopg.Connection, app: str) -> Any:
@@ -351,7 +341,7 @@ def test_the_release_waits_for_a_checked_in_transaction_to_end(make_client, post
 
         def commit_once_the_release_waits() -> None:
             try:
-                _, _, blocking = wait_until(lambda: lock_waiter(admin, "fl-releaser"), "the release waiting")
+                _, _, blocking = wait_until(lambda: lock_waiter(admin, "fl-releaser"), BOUND_S, "the release to wait")
                 assert blocking == [conn.info.backend_pid]
                 assert client.inspect("locks", "k") != []  # not freed while the transaction is open
                 conn.commit()
@@ -472,8 +462,8 @@ def test_a_transaction_held_past_the_lease_makes_takeovers_wait_while_renewals_g
             thread = threading.Thread(target=take_over)
             thread.start()
             try:
-                pid, query_start, blocking = wait_until(lambda: lock_waiter(admin, "fl-contender"),
-                                                        "the contender's takeover waiting for a lock")
+                pid, query_start, blocking = wait_until(lambda: lock_waiter(admin, "fl-contender"), BOUND_S,
+                                                        "the contender's takeover to wait for a lock")
                 assert blocking == [conn.info.backend_pid]  # it waits for the caller's transaction
                 wait_for_a_renewal(admin, "k", "a renewal while the takeover waits")
                 still = lock_waiter(admin, "fl-contender")
@@ -556,7 +546,8 @@ def test_a_stopped_server_fails_a_request_within_its_timeout_and_the_connection_
             assert len([other for other in backends(admin, "fl-stopped") if other != pid]) == 1
         finally:
             os.kill(pid, signal.SIGCONT)
-        wait_until(lambda pid=pid: pid not in backends(admin, "fl-stopped"), "the dropped connection's backend exits")
+        wait_until(lambda pid=pid: pid not in backends(admin, "fl-stopped"), BOUND_S,
+                   "the dropped connection's backend to exit")
 
 
 def test_a_terminated_connection_is_replaced_before_the_next_request(make_client, admin):
@@ -566,7 +557,7 @@ def test_a_terminated_connection_is_replaced_before_the_next_request(make_client
         assert admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,)).fetchone() == (True,)
         assert client.store.read("locks", "k", 1.0, NO_USAGE).owner == lease.owner  # no error: reconnected
         renewals = lease.metrics.renewals
-        wait_until(lambda: lease.metrics.renewals > renewals, "a renewal after the termination")
+        wait_until(lambda: lease.metrics.renewals > renewals, BOUND_S, "a renewal after the termination")
         lease.raise_if_lost()
         assert pid not in backends(admin, "fl-terminated")
     assert lease.lost_cause is None
@@ -592,7 +583,7 @@ def test_a_forked_child_leaves_the_parents_connection_alone(make_client, admin, 
     [(last_query,)] = admin.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,))
     assert last_query.startswith("INSERT INTO"), f"the child's request ran on the parent's connection: {last_query}"
     assert client.store.update_version_if("locks", "parent", "o", "v", "v2", 5.0, NO_USAGE) is True
-    wait_until(lambda: backends(admin, "fl-fork") == [pid], "only the parent's connection, the same one")
+    wait_until(lambda: backends(admin, "fl-fork") == [pid], BOUND_S, "only the parent's connection, the same one")
     assert admin.execute('SELECT key, owner, version FROM "locks"').fetchall() == [("parent", "o", "v2")]
 
 

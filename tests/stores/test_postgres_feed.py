@@ -10,27 +10,17 @@ found in ``pg_stat_activity``. Waits for another thread's or the server's state 
 from __future__ import annotations
 
 import threading
-import time
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 import pytest
 
 from fastlease import PostgresClient, SyncDistributedLock
 from fastlease.stores.postgres.feed import release_channel
+from helpers.waiting import wait_until
 
 BOUND_S = 20.0
 LOCKS = ("locks",)  # the lock table each client of these tests creates
-
-
-def wait_until(predicate: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + BOUND_S
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"not within {BOUND_S} s: {what}"
-        time.sleep(0.005)
 
 
 def listener_backends(admin: psycopg.Connection, app: str) -> list[int]:
@@ -79,7 +69,7 @@ def test_a_release_wakes_a_waiter_of_another_client_through_the_feed(make_client
     feed = waiting.store.release_feed
     with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
         waiter = Waiter(waiting, "hot")
-        wait_until(lambda: feed.subscribed("locks"), "the waiter's LISTEN")
+        wait_until(lambda: feed.subscribed("locks"), BOUND_S, "the waiter's LISTEN")
         assert listener_backends(admin, "fl-waiter")
         assert feed.delivered == 0
     waiter.join()
@@ -92,7 +82,7 @@ def test_a_lost_notification_only_leaves_the_waiter_to_its_poll(make_client, adm
     guard = SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30)
     guard.__enter__()
     waiter = Waiter(waiting, "hot")
-    wait_until(lambda: feed.subscribed("locks"), "the waiter's LISTEN")
+    wait_until(lambda: feed.subscribed("locks"), BOUND_S, "the waiter's LISTEN")
     admin.execute("UPDATE locks SET owner = NULL, version = NULL WHERE key = 'hot'")  # freed, no notification
     waiter.join()
     assert waiter.token == 2 and feed.delivered == 0
@@ -104,12 +94,12 @@ def test_the_feed_listens_again_after_its_connection_is_terminated(make_client, 
     feed = waiting.store.release_feed
     with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
         waiter = Waiter(waiting, "hot")
-        wait_until(lambda: feed.subscribed("locks"), "the waiter's LISTEN")
-        (first,) = wait_until(lambda: listener_backends(admin, "fl-waiter"), "the listener's backend")
+        wait_until(lambda: feed.subscribed("locks"), BOUND_S, "the waiter's LISTEN")
+        (first,) = wait_until(lambda: listener_backends(admin, "fl-waiter"), BOUND_S, "the listener's backend")
         admin.execute("SELECT pg_terminate_backend(%s)", (first,))
-        wait_until(lambda: not feed.subscribed("locks"), "the feed to notice")
-        wait_until(lambda: feed.subscribed("locks"), "the feed to LISTEN again")
-        assert wait_until(lambda: listener_backends(admin, "fl-waiter"), "the new listener") != [first]
+        wait_until(lambda: not feed.subscribed("locks"), BOUND_S, "the feed to notice")
+        wait_until(lambda: feed.subscribed("locks"), BOUND_S, "the feed to LISTEN again")
+        assert wait_until(lambda: listener_backends(admin, "fl-waiter"), BOUND_S, "the new listener") != [first]
     waiter.join()
     assert feed.delivered == 1
 
@@ -120,7 +110,7 @@ def test_without_wake_on_release_nothing_listens(make_client, admin):
     assert waiting.engine.release_feed is None
     with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
         waiter = Waiter(waiting, "hot")
-        wait_until(lambda: admin.execute("SELECT waiting FROM locks WHERE key = 'hot'").fetchone()[0],
+        wait_until(lambda: admin.execute("SELECT waiting FROM locks WHERE key = 'hot'").fetchone()[0], BOUND_S,
                    "the waiter's mark")
         assert listener_backends(admin, "fl-waiter") == []
     waiter.join()

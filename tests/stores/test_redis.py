@@ -20,14 +20,15 @@ from typing import Any, Iterator
 
 import pytest
 
-import mp_workers
 from fastlease import SyncDistributedLock
 from fastlease.exceptions import LockLost, LockNotAcquired, MalformedLockRow, StoreError, StoreRequestRejected
 from fastlease.redis import RedisClient
 from fastlease.stores.redis.scripts import fence_key, lease_key
 from fastlease.testing import NO_USAGE
-from lock_waiter import Waiter
-from proc_helpers import JOIN_S, Children, kill_and_reap, receive, run_contenders
+from helpers import mp_workers
+from helpers.lock_waiter import Waiter
+from helpers.processes import JOIN_S, Children, kill_and_reap, receive, run_contenders
+from helpers.waiting import wait_until
 
 CONTENDERS = 16
 ROUNDS = 8
@@ -46,15 +47,6 @@ def make_redis(core, redis_url, redis_db):
     yield build
     for client in clients:
         client.close()
-
-
-def wait_until(condition: Any, what: str) -> None:
-    """Poll ``condition`` until it holds, at most BOUND_S (a bounded wait on another process's state)."""
-    deadline = time.monotonic() + BOUND_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def closed_port() -> int:
@@ -116,7 +108,7 @@ def test_fencing_tokens_strictly_increase_across_release_expiry_and_takeover(mak
     with SyncDistributedLock(client, table="locks", key="k") as lease:  # released
         tokens.append(lease.fencing_token)
     tokens.append(store.put_if_absent("locks", "k", "crashed", "v", 200, 5.0, NO_USAGE))  # never renewed
-    wait_until(lambda: redis_db.exists(lease_key("locks", "k")) == 0, "the crashed holder's key to expire")
+    wait_until(lambda: redis_db.exists(lease_key("locks", "k")) == 0, BOUND_S, "the crashed holder's key to expire")
     with SyncDistributedLock(client, table="locks", key="k") as lease:  # after expiry
         tokens.append(lease.fencing_token)
     # A holder whose key cannot expire (PERSIST) is taken over by observation after its lease.
@@ -263,7 +255,7 @@ def test_a_release_wakes_a_waiter_of_another_client_through_the_feed(make_redis)
     feed = waiter_client.store.release_feed
     with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
         waiter = Waiter(waiter_client, "hot")
-        wait_until(lambda: feed.subscribed("locks", "hot"), "the waiter's subscription")
+        wait_until(lambda: feed.subscribed("locks", "hot"), BOUND_S, "the waiter's subscription")
         assert feed.delivered == 0
     waiter.join()
     assert waiter.token == 2 and feed.delivered == 1
@@ -275,7 +267,7 @@ def test_a_lost_release_message_only_leaves_the_waiter_to_its_poll(make_redis, r
     guard = SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30)
     guard.__enter__()
     waiter = Waiter(waiter_client, "hot")
-    wait_until(lambda: feed.subscribed("locks", "hot"), "the waiter's subscription")
+    wait_until(lambda: feed.subscribed("locks", "hot"), BOUND_S, "the waiter's subscription")
     redis_db.delete(lease_key("locks", "hot"))  # gone without a message, as when one is lost
     waiter.join()
     assert waiter.token == 2 and feed.delivered == 0
@@ -287,10 +279,10 @@ def test_the_feed_resubscribes_after_its_connection_is_killed(make_redis, redis_
     feed = waiter_client.store.release_feed
     with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
         waiter = Waiter(waiter_client, "hot")
-        wait_until(lambda: feed.subscribed("locks", "hot"), "the waiter's subscription")
+        wait_until(lambda: feed.subscribed("locks", "hot"), BOUND_S, "the waiter's subscription")
         assert redis_db.execute_command("CLIENT", "KILL", "TYPE", "pubsub") == 1
-        wait_until(lambda: not feed.subscribed("locks", "hot"), "the feed to notice")
-        wait_until(lambda: feed.subscribed("locks", "hot"), "the feed to subscribe again")
+        wait_until(lambda: not feed.subscribed("locks", "hot"), BOUND_S, "the feed to notice")
+        wait_until(lambda: feed.subscribed("locks", "hot"), BOUND_S, "the feed to subscribe again")
     waiter.join()
     assert feed.delivered == 1
 
@@ -299,7 +291,7 @@ def test_without_wake_on_release_nothing_subscribes(make_redis, redis_db):
     holder, waiter_client = make_redis(), make_redis(wake_on_release=False)
     with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
         waiter = Waiter(waiter_client, "hot")
-        wait_until(lambda: redis_db.hget(lease_key("locks", "hot"), "waiting") == b"1", "the waiter's mark")
+        wait_until(lambda: redis_db.hget(lease_key("locks", "hot"), "waiting") == b"1", BOUND_S, "the waiter's mark")
         assert redis_db.pubsub_numsub(b"fastlease:locks:released:hot") == [(b"fastlease:locks:released:hot", 0)]
     waiter.join()
     assert waiter.token == 2
@@ -426,7 +418,8 @@ def test_a_client_with_its_own_protocol_and_decoding_works_the_same(make_redis, 
         assert row == {"key": "é:k", "owner": lease.owner, "lease_ms": 30_000, "protocol": 1, "waiting": False,
                        "fence": 1}
         waiter = Waiter(other, "é:k")
-        wait_until(lambda: other.store.release_feed.subscribed("locks", "é:k"), "the waiter's subscription")
+        wait_until(lambda: other.store.release_feed.subscribed("locks", "é:k"), BOUND_S,
+                   "the waiter's subscription")
     waiter.join()
     assert waiter.token == 2 and other.store.release_feed.delivered == 1
     user_client.close()
@@ -544,7 +537,7 @@ def test_a_redis_py_client_object_is_renewed_by_the_renewal_process_on_our_conne
         config = client.store.renewal_config()
         assert isinstance(config, tuple) and _resp.honours(config[2]), config
         with SyncDistributedLock(client, table="locks", key="object", lease_duration=1.0) as lease:
-            wait_until(lambda: lease.metrics.renewals >= 1, "a renewal reported by the renewal process")
+            wait_until(lambda: lease.metrics.renewals >= 1, BOUND_S, "a renewal reported by the renewal process")
             assert client.engine.link.pid is not None and client.engine.link.renewing == 1
             # The holder's connection and the renewal process's both carry the client's name.
             assert [entry["name"] for entry in redis_db.client_list()].count("orders") >= 2

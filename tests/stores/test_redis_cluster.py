@@ -3,11 +3,12 @@ held across the nodes, the URL form, the single-node client's refusal of a clust
 during slot migrations, a node killed or paused, release wake-ups through sharded pub/sub, the DEBUG log and
 the command line.
 
-The store contract, the idempotency suite and the held-GIL renewal tests run on the session's cluster
-elsewhere (``test_contract.py``, ``test_idempotency.py``, ``test_renewal_gil.py``); multi-process tests,
-chaos and benchmarks too. Tests that only read or write keys use the session's cluster (``redis_cluster_db``
-empties it first); tests that migrate slots or pause a node share this module's own cluster, each on a
-slot of its own; the test that kills a node has a cluster of its own.
+Beside this file: leases across processes (``test_redis_cluster_processes.py``) and the throwaway cluster
+itself (``test_redis_cluster_server.py``). The store contract, the idempotency suite and the held-GIL
+renewal tests run on the session's cluster elsewhere (``test_contract.py``, ``test_idempotency.py``,
+``test_renewal_gil.py``); chaos and benchmarks too. Tests that only read or write keys use the session's
+cluster (``redis_cluster_db`` empties it first); tests that migrate slots or pause a node share this
+module's own cluster, each on a slot of its own; the test that kills a node has a cluster of its own.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from fastlease.stores.redis.scripts import fence_key, lease_key
 from fastlease.testing import NO_USAGE
 from fastlease.testing.fixtures import start_or_skip
 from fastlease.testing.redis_cluster import RedisClusterServer, RedisClusterUnavailable
-from lock_waiter import Waiter
+from helpers.lock_waiter import Waiter
+from helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.server, pytest.mark.posix]  # real redis-server nodes, signalled by PID
 
@@ -73,15 +75,6 @@ def clients() -> Iterator[Callable[..., RedisClient]]:
         client.close()
 
 
-def wait_until(condition: Callable[[], Any], what: str, bound_s: float = BOUND_S) -> None:
-    """Poll ``condition`` until it holds, at most ``bound_s`` (a bounded wait on another party's state)."""
-    deadline = time.monotonic() + bound_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 def renewing_elsewhere(client: RedisClient) -> RedisClient:
     """``client`` once a renewal of a 1 s lease has been confirmed: its renewal process is running. Its
     start-up, which a loaded machine can stretch past a first lease's validity (that lease is then lost
@@ -89,8 +82,7 @@ def renewing_elsewhere(client: RedisClient) -> RedisClient:
     for _ in range(3):  # a lost warm-up lease: the process was slow to start, and is up for the next one
         guard = SyncDistributedLock(client, table="warm_up", key="warm-up", lease_duration=1)
         lease = guard.__enter__()
-        wait_until(lambda lease=lease: not lease.is_valid() or lease.metrics.renewals >= 1, "the first renewal",
-                   bound_s=3.0)
+        wait_until(lambda lease=lease: not lease.is_valid() or lease.metrics.renewals >= 1, 3.0, "the first renewal")
         renewed = lease.is_valid() and lease.metrics.renewals >= 1
         try:
             guard.__exit__(None, None, None)
@@ -173,9 +165,10 @@ def woken_by_a_release(holder: RedisClient, waiter_client: RedisClient, key: str
             held = SyncDistributedLock(holder, table="locks", key=key, lease_duration=30)
             held.__enter__()
             waiter = Waiter(waiter_client, key)
-        wait_until(lambda: feed.subscribed("locks", key), "the waiter's subscription")
+        wait_until(lambda: feed.subscribed("locks", key), BOUND_S, "the waiter's subscription")
         # Waiting, not about to try: its mark is on the row (a subscription may linger from a round before).
-        wait_until(lambda: [row["waiting"] for row in holder.inspect("locks", key)] == [True], "the waiter's mark")
+        wait_until(lambda: [row["waiting"] for row in holder.inspect("locks", key)] == [True], BOUND_S,
+                   "the waiter's mark")
         released_at = time.monotonic()
         held.__exit__(None, None, None)
         waiter.join()
@@ -425,13 +418,13 @@ def test_a_held_keys_slot_migrated_to_another_node_keeps_its_holder_and_refuses_
     lease = guard.__enter__()
     assert contender.store.read("locks", key, T, NO_USAGE).owner == lease.owner  # its slot map says: source
     first = stored(server, ClusterLayout.lease("locks", key))[b"version"]
-    wait_until(lambda: stored(server, ClusterLayout.lease("locks", key))[b"version"] != first,
+    wait_until(lambda: stored(server, ClusterLayout.lease("locks", key))[b"version"] != first, BOUND_S,
                "a renewal before the move (the renewer's slot map says: source)")
     server.admin(source).config_resetstat()
     assert server.migrate_slot(slot, target) == 2  # the lease and its fence
     moved_at = time.monotonic()
     version = stored(server, ClusterLayout.lease("locks", key))[b"version"]
-    wait_until(lambda: stored(server, ClusterLayout.lease("locks", key)).get(b"version", version) != version,
+    wait_until(lambda: stored(server, ClusterLayout.lease("locks", key)).get(b"version", version) != version, BOUND_S,
                "a renewal on the new node")
     assert rejected(server, source, "evalsha") >= 1  # the renewal went to the source first: MOVED, followed
     error = refused_within(contender, key, 0.3)
@@ -473,7 +466,7 @@ def test_half_way_through_a_migration_holders_renew_and_release_and_nobody_acqui
             lease.raise_if_lost()  # a lost lease's key expires: say so, rather than fail to find it
             return version_on(node) not in (before, None)
 
-        wait_until(changed, f"a renewal {what}", bound_s=2.0)
+        wait_until(changed, 2.0, f"a renewal {what}")
 
     def refused(what: str) -> None:
         refused_within(contender, key, 0.3)
@@ -568,7 +561,7 @@ def test_a_killed_node_loses_its_keys_leases_at_the_end_of_validity_and_the_othe
         assert taken.fencing_token == 1  # the slot map fetched again, from a live node
     assert server.admin(survivor).exists(ClusterLayout.fence("locks", fresh))
 
-    wait_until(lambda: len(lost) == 2, "both leases on the killed node to be lost", bound_s=3.0)
+    wait_until(lambda: len(lost) == 2, 3.0, "both leases on the killed node to be lost")
     for _, lease in on_doomed:
         lost_at, cause = lost[lease.key]
         # Its last renewal was at most a renewal interval (L/3) before the kill; validity ends 0.9 L after it.
@@ -648,7 +641,7 @@ def test_a_release_wakes_a_waiter_of_another_client_through_sharded_pub_sub(redi
         guard = SyncDistributedLock(holder, table="locks", key=key, lease_duration=30)
         guard.__enter__()
         waiter = Waiter(waiter_client, key)
-        wait_until(lambda key=key: feed.subscribed("locks", key), "the waiter's subscription")
+        wait_until(lambda key=key: feed.subscribed("locks", key), BOUND_S, "the waiter's subscription")
         home = redis_cluster_server.node_for_slot(key_slot(key))
         channel = ClusterLayout.channel("locks", key)
         assert redis_cluster_server.admin(home).execute_command("PUBSUB", "SHARDNUMSUB", channel) == [channel, 1]
@@ -669,11 +662,11 @@ def test_after_its_slot_moves_the_feed_subscribes_on_the_new_node(moving_cluster
     guard = SyncDistributedLock(holder, table="locks", key=key, lease_duration=30)
     guard.__enter__()
     waiter = Waiter(waiter_client, key)
-    wait_until(lambda: feed.subscribed("locks", key), "the waiter's subscription")
+    wait_until(lambda: feed.subscribed("locks", key), BOUND_S, "the waiter's subscription")
     server.migrate_slot(key_slot(key), target)  # the source ends our subscription (sunsubscribe)
-    wait_until(lambda: server.admin(target).execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1,
+    wait_until(lambda: server.admin(target).execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1, BOUND_S,
                "the subscription on the new node")
-    wait_until(lambda: feed.subscribed("locks", key), "the new node's confirmation")
+    wait_until(lambda: feed.subscribed("locks", key), BOUND_S, "the new node's confirmation")
     assert server.admin(source).execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 0
     assert feed.delivered == 0
     woken_by_a_release(holder, waiter_client, key, held=guard, waiter=waiter)
@@ -698,9 +691,9 @@ def test_a_subscription_answered_moved_is_sent_again_where_the_slot_went(moving_
     woken = threading.Event()
     watch = store.release_feed.watch("locks", key, woken.set)
     try:
-        wait_until(lambda: server.admin(target).execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1,
+        wait_until(lambda: server.admin(target).execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1, BOUND_S,
                    "the subscription on the slot's node")
-        wait_until(lambda: store.release_feed.subscribed("locks", key), "its confirmation")
+        wait_until(lambda: store.release_feed.subscribed("locks", key), BOUND_S, "its confirmation")
         assert store.release_feed.unsupported is False
         with SyncDistributedLock(holder, table="locks", key=key, lease_duration=5):
             pass
@@ -717,7 +710,7 @@ def test_without_wake_on_release_nothing_is_subscribed_anywhere(redis_cluster_db
     channel = ClusterLayout.channel("locks", "hot")
     with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
         waiter = Waiter(waiter_client, "hot")
-        wait_until(lambda: stored(server, ClusterLayout.lease("locks", "hot")).get(b"waiting") == b"1",
+        wait_until(lambda: stored(server, ClusterLayout.lease("locks", "hot")).get(b"waiting") == b"1", BOUND_S,
                    "the waiter's mark")
         for node in server.nodes:
             assert server.admin(node).execute_command("PUBSUB", "SHARDNUMSUB", channel) == [channel, 0]

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import mp_workers
 from fastlease import SQLiteClient, SyncDistributedLock
 from fastlease.exceptions import LockLost, LockNotAcquired, MalformedLockRow
 from fastlease.testing import NO_USAGE, FakeClock
-from proc_helpers import MAX_TAKEOVER_S, MIN_TAKEOVER_S, Children, kill_and_reap, receive, run_contenders
+from helpers import mp_workers
+from helpers.processes import MAX_TAKEOVER_S, MIN_TAKEOVER_S, Children, kill_and_reap, receive, run_contenders
 
 CONTENDERS = 16
 ROUNDS = 8

@@ -18,10 +18,10 @@ from typing import Any, Iterator, Optional
 import psycopg
 import pytest
 
-import mp_workers
 from fastlease import PostgresClient, SyncDistributedLock
 from fastlease._engine import POLL_INTERVAL_MS
-from proc_helpers import (
+from helpers import mp_workers
+from helpers.processes import (
     JOIN_S,
     MAX_TAKEOVER_S,
     MIN_TAKEOVER_S,
@@ -31,6 +31,7 @@ from proc_helpers import (
     receive,
     run_contenders,
 )
+from helpers.waiting import wait_until
 
 TABLE = "locks"
 LEASE_S = 1.0  # the lease of holders that get SIGKILLed or SIGSTOPped
@@ -187,14 +188,16 @@ def test_a_holder_stopped_after_check_in_holds_off_the_takeover_until_it_commits
     contender.start()
     try:
         blocked = set()
-        deadline = time.monotonic() + BLOCKED_BOUND_S
-        while len(blocked) < 2:  # bounded by the deadline: two takeover tries, each blocked by the holder
+
+        def two_tries_blocked() -> bool:  # two takeover tries, each blocked by the holder
             assert taken == [], "the key was taken over inside the stopped holder's checked-in transaction"
-            assert time.monotonic() < deadline, f"no takeover waited on the holder's transaction: {blocked}"
             blocked.update(admin.execute(  # statements on the lock table waiting for the holder's backend
                 "SELECT pid, query_start FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid)) "
                 "AND position(%s in query) > 0", (backend, f'"{TABLE}"')).fetchall())
-            threading.Event().wait(0.01)
+            return len(blocked) >= 2
+
+        wait_until(two_tries_blocked, BLOCKED_BOUND_S,
+                   lambda: f"two takeover tries to wait on the holder's transaction (seen: {blocked})", interval=0.01)
         assert taken == [] and contender_errors == [], (taken, contender_errors)
         assert lease_owner(admin, key) == child_owner
         assert counter_and_log(admin) == (0, [])

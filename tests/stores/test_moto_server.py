@@ -198,7 +198,7 @@ def test_the_install_hint_names_an_extra_that_installs_the_server_mode() -> None
 
     from fastlease.testing.moto_server import INSTALL_HINT
 
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     if not pyproject.exists():
         pytest.skip("no pyproject.toml here: the suite runs against an installed wheel")
     extras = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["optional-dependencies"]

@@ -12,7 +12,7 @@ import os
 import signal
 from typing import Any, Callable, List, NamedTuple
 
-import mp_workers
+from helpers import mp_workers
 
 SPAWN = multiprocessing.get_context("spawn")
 REPORT_S = 60.0  # bound for a child's start-up and for each report it owes

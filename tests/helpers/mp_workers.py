@@ -2,7 +2,7 @@
 ``multiprocessing`` *spawn* children.
 
 Every function here runs in a fresh interpreter (the tests directory is on ``sys.path``, so the child
-imports this file as ``mp_workers``). Each one builds its own clients from the endpoint it is given and
+imports this file as ``helpers.mp_workers``). Each one builds its own clients from the endpoint it is given and
 talks to the parent through two one-way Pipes: ``out`` (child -> parent: reports) and ``ctl``
 (parent -> child: instructions). Pipes have no locks shared between processes, so SIGKILLing or
 SIGSTOPping a child can never wedge the parent's end. Every wait is bounded by a timeout.
@@ -326,7 +326,7 @@ def idempotent_once(endpoint: str, table: str, key: str, hold_s: float, lease_s:
         _report_error(out)
 
 
-# ---- PostgreSQL: the guarded counter (tests/test_postgres_processes.py) --------------------------
+# ---- PostgreSQL: the guarded counter (tests/stores/test_postgres_processes.py) -------------------
 #: The counter and its commit log, as the PostgreSQL tests create them.
 PG_COUNTER = "SELECT value FROM counter WHERE id = 1"
 PG_WRITE_COUNTER = "UPDATE counter SET value = %s WHERE id = 1"

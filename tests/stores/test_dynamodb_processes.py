@@ -17,11 +17,12 @@ from typing import Any, Iterator, Optional
 
 import pytest
 
-import mp_workers
 from fastlease import LockNotAcquired, SyncDistributedLock
 from fastlease.dynamodb import DynamoDBClient
 from fastlease.exceptions import MalformedLockRow
-from proc_helpers import JOIN_S, MAX_TAKEOVER_S, MIN_TAKEOVER_S, Children, kill_and_reap, receive, run_contenders
+from helpers import mp_workers
+from helpers.processes import JOIN_S, MAX_TAKEOVER_S, MIN_TAKEOVER_S, Children, kill_and_reap, receive, run_contenders
+from helpers.waiting import wait_until
 
 KILL_LEASE_S = 1.0  # the lease of holders that get SIGKILLed or SIGSTOPped
 CONTENDERS = 4
@@ -31,7 +32,7 @@ CONTENTION_LEASE_S = 2.0
 FAST_PATH = pytest.mark.parametrize("fast_path", [True, False], ids=["fast_path", "boto3"])
 
 
-# ---- fixtures and helpers (spawned children: see proc_helpers and the ``children`` fixture) -------
+# ---- fixtures and helpers (spawned children: see helpers.processes and the ``children`` fixture) --
 @pytest.fixture
 def admin(moto_session: Any, moto_endpoint: str) -> Iterator[DynamoDBClient]:
     client = DynamoDBClient(session=moto_session, endpoint_url=moto_endpoint, fast_path=False)
@@ -241,14 +242,14 @@ def test_pydynox_holds_renews_and_releases_a_row_marked_waiting(
             # (its condition names the version it read) fails, and is one more write and failure each.
             metrics = waiter.metrics
             assert metrics.write_requests == 1 + metrics.conditional_failures >= 2
-            renewed = marked
-            for _ in range(100):  # pydynox renews about every 0.33 s: poll (bounded) for its next renewal
-                threading.Event().wait(0.05)
-                renewed = read_row(admin, lock_table, key)
-                if renewed is None or renewed["version"] != marked["version"]:
-                    break
-            assert renewed is not None and renewed["owner"] == marked["owner"]
-            assert renewed["version"] != marked["version"] and renewed["waiting"] == {"BOOL": True}
+
+            def renewed_row() -> Any:
+                row = read_row(admin, lock_table, key)
+                return row if row is not None and row["version"] != marked["version"] else None
+
+            # pydynox renews about every 0.33 s.
+            renewed = wait_until(renewed_row, 5.0, "pydynox's next renewal of its marked row", interval=0.05)
+            assert renewed["owner"] == marked["owner"] and renewed["waiting"] == {"BOOL": True}
         assert read_row(admin, lock_table, key) is None  # pydynox's release deleted it as usual
         with SyncDistributedLock(client, table=lock_table, key=key, lease_duration=1.0, wait_timeout=0) as lease:
             assert read_row(admin, lock_table, key)["owner"] == {"S": lease.owner}

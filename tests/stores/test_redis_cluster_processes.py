@@ -16,13 +16,13 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-import mp_workers
 from fastlease import SyncDistributedLock
 from fastlease.exceptions import LOST_CAUSES
 from fastlease.redis import RedisClient
 from fastlease.stores.redis.cluster import ClusterLayout, key_slot
 from fastlease.testing.redis_cluster import Node, RedisClusterServer
-from proc_helpers import (
+from helpers import mp_workers
+from helpers.processes import (
     JOIN_S,
     REPORT_S,
     Child,
@@ -33,6 +33,7 @@ from proc_helpers import (
     run_contenders,
     tell,
 )
+from helpers.waiting import wait_until
 
 TABLE = "locks"
 CONTENDERS, ROUNDS = 8, 4
@@ -139,11 +140,14 @@ class Reports:
 
     def wait_until(self, condition: Callable[[], bool], what: str, bound_s: float = PROGRESS_S) -> None:
         """Read reports until ``condition()`` holds; fails after ``bound_s``."""
-        deadline = time.monotonic() + bound_s
-        while not condition():
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, f"timed out after {bound_s:g} s waiting for {what}"
-            self.pump(min(remaining, 0.05))
+
+        def reported() -> bool:
+            if condition():
+                return True
+            self.pump(0.05)  # the pause between looks: waiting for the next report
+            return condition()
+
+        wait_until(reported, bound_s, what, interval=0)
 
 
 def one_key_per_node(server: RedisClusterServer) -> list[str]:

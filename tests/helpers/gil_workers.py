@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Dict, List
 
-from mp_workers import _outcome, _report_error, describe, expect, fastlease_client, hold_in_block, ready_for
+from helpers.mp_workers import _outcome, _report_error, describe, expect, fastlease_client, hold_in_block, ready_for
 
 #: The calibration: sums of at least CALIBRATION_RUN_S each, for CALIBRATION_S in all; the fastest counts
 #: (this machine's speed varies from one moment to the next: scaled from the fastest, the call errs long).
@@ -32,7 +32,7 @@ def gil_enabled() -> bool:
 def calibrate_sum(target_s: float) -> int:
     """N such that ``sum(range(N))`` lasts about ``target_s`` here: time smaller sums, scale the fastest."""
     n = 100_000
-    while True:
+    for _ in range(40):  # bounded: N doubles each round, and 2**40 times the first sum outlasts any machine
         started = time.monotonic()
         sum(range(n))
         fastest = time.monotonic() - started
