@@ -39,6 +39,8 @@ DEFINING_MODULES = (
     # Beyond the brief's minimum: the rest of the public surface is documented too.
     "fastlease.decorator",
     "fastlease.dynamodb",
+    "fastlease.pydynox_compat",
+    "fastlease._offloop",
     "fastlease.observations",
     "fastlease.otel",
     "fastlease.cli",

@@ -2,7 +2,8 @@
 
 Each blocking step runs in a worker thread of the client's own bounded executor (not the event
 loop's default one: a few waits of up to ``wait_timeout`` would otherwise starve every other
-``asyncio.to_thread`` user of the loop). What this module adds is only cancellation handling:
+``asyncio.to_thread`` user of the loop), through ``fastlease._offloop``, which the other async forms
+share. What this module adds is only cancellation handling:
 
 * cancelled while acquiring: the engine is told (``Lease.cancel``) so the thread stops waiting and a
   write confirmed afterwards is deleted instead of held; if the thread had already acquired, the
@@ -18,63 +19,16 @@ so that what it reports (``fastlease.otel``'s spans) belongs to the task's curre
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import logging
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, Callable, Optional, Self, Type, TypeVar
+from typing import Callable, Optional, Self, Type
 
+from ._offloop import consume, run, run_to_completion, shielded
 from .client import LeaseClient
 from .exceptions import LockLost
 from .lock import DEFAULT_LEASE_DURATION, DEFAULT_WAIT_TIMEOUT, LeaseOptions, LeaseView, SyncDistributedLock
 
 __all__ = ["DistributedLock"]
-
-_log = logging.getLogger("fastlease.aio")
-
-_T = TypeVar("_T")
-
-
-def _run(client: LeaseClient, fn: Callable[..., _T], *args: Any, short: bool = False) -> Future[_T]:
-    """Start ``fn(*args)`` on the client's executor (``short``: the pool for steps that never wait for
-    contention, such as releases). The caller awaits it through ``_shielded``; follow-ups hang on
-    the concurrent future itself, so they run even if the event loop is gone."""
-    return client._async_executor(short).submit(contextvars.copy_context().run, fn, *args)
-
-
-def _consume(future: "Future[Any]") -> None:
-    """Retrieve a background outcome so that nothing is reported as never retrieved."""
-    if not future.cancelled() and future.exception() is not None:
-        _log.debug("background lease step failed: %r", future.exception())
-
-
-async def _shielded(future: Future[_T]) -> _T:
-    """Await a step that must not be interrupted: cancelling the caller leaves it running.
-
-    The awaited object is a plain loop future that the worker thread completes; cancelling the task
-    cancels only that notification, never the step itself (which is why no ``asyncio.shield`` and no
-    ``wrap_future`` chain is needed: one future and one thread-safe callback per step)."""
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[_T] = loop.create_future()
-
-    def deliver(step: Future[_T]) -> None:  # on the loop thread
-        if waiter.cancelled():
-            _consume(step)  # the caller is gone: retrieve the outcome so nothing is left unretrieved
-            return
-        error = step.exception()
-        if error is not None:
-            waiter.set_exception(error)
-        else:
-            waiter.set_result(step.result())
-
-    def on_done(step: Future[_T]) -> None:  # on the worker thread (or at once, if already done)
-        try:
-            loop.call_soon_threadsafe(deliver, step)
-        except RuntimeError:  # the loop is closed: nobody awaits any more
-            _consume(step)
-
-    future.add_done_callback(on_done)
-    return await waiter
 
 
 class DistributedLock(LeaseView):
@@ -121,9 +75,9 @@ class DistributedLock(LeaseView):
     async def acquire(self) -> Self:
         """Acquire the lease, as entering ``async with`` does, and return this guard, held. Cancelled
         while waiting: the engine stops waiting, and a lease acquired meanwhile is released."""
-        acquiring = _run(self._guard.client, self._guard.acquire)
+        acquiring = run(self._guard.client, self._guard.acquire)
         try:
-            await _shielded(acquiring)
+            await shielded(acquiring)
         except asyncio.CancelledError:
             self._guard.cancel()
             acquiring.add_done_callback(self._release_if_acquired)
@@ -133,11 +87,11 @@ class DistributedLock(LeaseView):
     async def release(self) -> None:
         """Release the lease, with the outcomes of ``SyncDistributedLock.release``. Cancelled while
         releasing: the release goes on to completion."""
-        await _shielded(_run(self._guard.client, self._guard.release, short=True))
+        await run_to_completion(self._guard.client, self._guard.release, short=True)
 
     async def release_by_write(self, write: Callable[[float], bool], landed: Callable[[float], bool]) -> None:
         """``SyncDistributedLock.release_by_write``, on a worker thread (``write`` and ``landed`` run there)."""
-        await _shielded(_run(self._guard.client, self._guard.release_by_write, write, landed, short=True))
+        await run_to_completion(self._guard.client, self._guard.release_by_write, write, landed, short=True)
 
     async def __aenter__(self) -> Self:
         return await self.acquire()
@@ -146,8 +100,7 @@ class DistributedLock(LeaseView):
         """After a cancelled acquisition finishes: release what it may have acquired, off the loop."""
         if acquiring.cancelled() or acquiring.exception() is not None:
             return  # not acquired (the engine already cleaned up)
-        _run(self._guard.client, self._guard.__exit__, None, None, None, short=True).add_done_callback(
-            _consume)
+        run(self._guard.client, self._guard.__exit__, None, None, None, short=True).add_done_callback(consume)
 
     async def __aexit__(
         self,
@@ -155,5 +108,5 @@ class DistributedLock(LeaseView):
         exc: Optional[BaseException],
         traceback: Optional[TracebackType],
     ) -> None:
-        # Cancelling here leaves the release running; _shielded retrieves its outcome.
-        await _shielded(_run(self._guard.client, self._guard.__exit__, exc_type, exc, traceback, short=True))
+        # Cancelling here leaves the release running; its outcome is retrieved all the same.
+        await run_to_completion(self._guard.client, self._guard.__exit__, exc_type, exc, traceback, short=True)

@@ -364,11 +364,11 @@ class AsyncIdempotentCall:
         return self._call._spec.client
 
     async def __aenter__(self) -> Self:
-        from ..aio import _run, _shielded
+        from .._offloop import run, shielded
 
-        entering = _run(self._client(), self._call.__enter__)
+        entering = run(self._client(), self._call.__enter__)
         try:
-            await _shielded(entering)
+            await shielded(entering)
         except asyncio.CancelledError:
             self._call._lock.cancel()
             entering.add_done_callback(self._abandon)
@@ -377,26 +377,26 @@ class AsyncIdempotentCall:
 
     def _abandon(self, entering: Future[IdempotentCall]) -> None:
         """A cancelled entry finished anyway: release what it took, storing nothing."""
-        from ..aio import _consume, _run
+        from .._offloop import consume, run
 
         if entering.cancelled() or entering.exception() is not None or self._call.replayed:
             return
         cancelled = asyncio.CancelledError()
-        _run(self._client(), self._call.__exit__, type(cancelled), cancelled, None, short=True).add_done_callback(
-            _consume)
+        run(self._client(), self._call.__exit__, type(cancelled), cancelled, None, short=True).add_done_callback(
+            consume)
 
     async def __aexit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
                         tb: Optional[TracebackType]) -> None:
-        from ..aio import _run, _shielded
+        from .._offloop import run_to_completion
 
-        await _shielded(_run(self._client(), self._call.__exit__, exc_type, exc, tb, short=True))
+        await run_to_completion(self._client(), self._call.__exit__, exc_type, exc, tb, short=True)
 
     async def complete(self, result: Any) -> None:
         """Store ``result`` as this call's outcome, as :meth:`IdempotentCall.complete` does (on a worker
         thread; a cancellation does not interrupt the write)."""
-        from ..aio import _run, _shielded
+        from .._offloop import run_to_completion
 
-        await _shielded(_run(self._client(), self._call.complete, result, short=True))
+        await run_to_completion(self._client(), self._call.complete, result, short=True)
 
 
 def _fingerprint(payload: Any, fingerprint: Optional[str]) -> str:
