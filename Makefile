@@ -11,7 +11,7 @@ EXTRA_PYTHONS ?= 3.12.1 3.13.0
 ALL_PYTHONS_TESTS := tests/test_all_pythons.py tests/test_pulse.py tests/test_renewal_gil.py tests/test_renewal_process.py
 # What an install builds from: a change to any of them reinstalls (and so rebuilds) every venv's core.
 BUILD_INPUTS := pyproject.toml setup.py src/fastlease/_core.pyx src/fastlease/_core.pxd \
-	src/fastlease/_engine.py src/fastlease/_engine.pxd
+	$(wildcard src/fastlease/_engine/*.py src/fastlease/_engine/*.pxd) src/fastlease/_engine/source_crc.h
 
 .PHONY: test test-all-pythons demo bench chaos clean redis-server postgresql wheel
 
@@ -133,4 +133,4 @@ bench: $(INSTALLED) postgresql
 	$(PY) bench/postgres_cycle.py
 
 clean:
-	rm -rf $(VENV) .venv-[0-9]* build dist src/*.egg-info src/fastlease/_core.c src/fastlease/_engine.c src/fastlease/*.so
+	rm -rf $(VENV) .venv-[0-9]* build dist src/*.egg-info src/fastlease/_core.c src/fastlease/_engine/*.c src/fastlease/*.so src/fastlease/_engine/*.so

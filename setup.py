@@ -1,6 +1,6 @@
-"""Builds the compiled modules: the native core (``_core.pyx``) and the engine, compiled from the same
-``_engine.py`` that runs interpreted (with ``_engine.pxd`` beside it). None when
-FASTLEASE_NO_EXTENSIONS=1 or off CPython.
+"""Builds the compiled modules: the native core (``_core.pyx``) and the engine, each of whose modules
+(``_engine/*.py`` with a ``.pxd`` beside it) is compiled from the same source that runs interpreted. None
+when FASTLEASE_NO_EXTENSIONS=1 or off CPython.
 
 Where they cannot be compiled (no C compiler, no Python headers, no Cython), the package installs with
 the interpreted engine and the build says so; fastlease also warns at import.
@@ -57,6 +57,11 @@ def source_crc(path):
         return f"{zlib.crc32(source.read()):08x}"
 
 
+#: The engine's modules: each ``.py`` beside a ``.pxd`` in src/fastlease/_engine (the package's face,
+#: ``__init__.py``, has none and stays interpreted).
+ENGINE_MODULES = sorted(name[:-4] for name in os.listdir("src/fastlease/_engine") if name.endswith(".pxd"))
+
+
 def compiled(name, path):
     return Extension(name, [path], define_macros=[("FASTLEASE_SOURCE_CRC", f'"{source_crc(path)}"')])
 
@@ -74,7 +79,7 @@ def extensions():
     return cythonize(
         [
             compiled("fastlease._core", "src/fastlease/_core.pyx"),
-            compiled("fastlease._engine", "src/fastlease/_engine.py"),
+            *(compiled(f"fastlease._engine.{name}", f"src/fastlease/_engine/{name}.py") for name in ENGINE_MODULES),
         ],
         compiler_directives={"language_level": "3"},
     )

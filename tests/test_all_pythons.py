@@ -29,7 +29,7 @@ def test_the_compiled_engine_is_built_for_this_interpreter_and_in_use():
     # extension built for another version beside it would not be importable here at all.
     own_suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     assert f"{sys.version_info.major}{sys.version_info.minor}" in own_suffix, own_suffix
-    for module in (native, _impl.load("c")):
+    for module in (native, *_impl.load("c").MODULES):
         assert Path(module.__file__).name.endswith(own_suffix), (sys.version, module.__file__)
     assert fastlease.IMPLEMENTATION == "c", sys.version
     with MemoryClient() as client:

@@ -21,6 +21,7 @@ from fastlease import SQLiteClient, SyncDistributedLock, _impl, cli, demo
 from fastlease._store_factory import StoreOptions, client_from_options
 from fastlease.exceptions import LockLost
 from fastlease.memory import MemoryClient
+from fastlease.stores.base import check_table
 from fastlease.stores.memory import MemoryStore
 
 TIMEOUT_S = 120  # bound for one command (the demo included)
@@ -134,7 +135,7 @@ def test_a_key_or_table_the_library_refuses_is_a_bad_command_line(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     check, value = rule
     with pytest.raises(ValueError) as refused:
-        getattr(_impl.core, check)(value)
+        {"check_key": _impl.core.check_key, "check_table": check_table}[check](value)  # where each rule lives
     assert cli.main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1, captured
@@ -235,6 +236,7 @@ def test_a_worker_whose_lease_lapses_reports_the_loss_and_goes_on(monkeypatch):
     kinds = []
     while not events.empty():
         kinds.append(events.get_nowait())
+    kinds = [event for event in kinds if event[0] != "valid"]  # the validity reports while it works
     assert [event[0] for event in kinds] == ["hold", "lost", "done"]
     assert kinds[1][3] == "unreachable"
     lines = printed_summary({**SUMMARY, "workers": [{**SUMMARY["workers"][0], "lost": 1}]})
@@ -255,7 +257,8 @@ SUMMARY = {
     "store": "sqlite", "errors": [],
     "workers": [{"acquisitions": 9, "contended": 4, "wait_ms": 812.4, "renewals": 6, "timeouts": 0, "status": "ok"},
                 {"acquisitions": 5, "contended": 2, "wait_ms": 90.0, "renewals": 3, "timeouts": 1, "status": "killed"}],
-    "killed": {"worker": 1, "customer": "acme", "at": 12.0, "takeover_s": 0.74, "taken_by": 0, "valid_after_kill_s": 0.52},
+    "killed": {"worker": 1, "customer": "acme", "at": 12.0, "takeover_s": 0.74, "taken_by": 0,
+               "valid_after_kill_s": 0.52},
 }
 
 
@@ -358,7 +361,8 @@ def test_demo_on_sqlite_shows_a_takeover_of_the_killed_holder(tmp_path):
     # Another worker waited out the dead holder's lease (1 s), counted from its first sighting of the last
     # renewal, which precedes the kill by a renewal interval (1/3 s) or more when renewals ran late: the
     # bound that always holds is the dead holder's own validity, as it last reported it.
-    assert 0 < killed["takeover_s"] < 5.0 and killed["takeover_s"] > killed["valid_after_kill_s"], killed
+    assert 0 < killed["takeover_s"] < 5.0, killed
+    assert killed["takeover_s"] > killed["valid_after_kill_s"], killed
     assert list(tmp_path.iterdir()) == []  # the temporary lock file is gone
 
 
@@ -395,14 +399,16 @@ TAKEOVER_BOUND_S = {"redis": 3.0, "postgres": 5.0}
 @pytest.mark.posix  # the demo SIGKILLs a worker
 def test_demo_on_a_server_shows_the_killed_holders_key_recovered(tmp_path, request, served):
     store, options, client = served
-    result = fastlease("demo", *options, "--workers", "3", "--seconds", "4", "--json", cwd=tmp_path)
+    # 6 s, as on SQLite: a 4 s demo can end 2 s after the kill, before anyone asked for the key again.
+    result = fastlease("demo", *options, "--workers", "3", "--seconds", "6", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["store"] == store and summary["errors"] == []
     assert all(row["acquisitions"] > 0 for row in summary["workers"])
     killed = summary["killed"]
     assert summary["workers"][killed["worker"]]["status"] == "killed" and killed["taken_by"] != killed["worker"]
-    assert 0 < killed["takeover_s"] < TAKEOVER_BOUND_S[store] and killed["takeover_s"] > killed["valid_after_kill_s"], killed
+    assert 0 < killed["takeover_s"] < TAKEOVER_BOUND_S[store], killed
+    assert killed["takeover_s"] > killed["valid_after_kill_s"], killed  # never within the dead holder's validity
     assert client.inspect(demo.TABLE) == []  # the key taken over was released too: nothing is left held
     if store == "redis":
         assert request.getfixturevalue("redis_db").keys(b"fastlease:demo_locks:lease:*") == []

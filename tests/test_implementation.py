@@ -23,22 +23,29 @@ def test_compiled_engine_is_the_one_in_use():
     import fastlease._core as native
 
     compiled = _impl.load("c")
-    for module in (native, compiled):
+    for module in (native, *compiled.MODULES):
         assert module.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), module
     assert compiled.IMPLEMENTATION == fastlease.IMPLEMENTATION == "c"
     assert fastlease.MemoryClient().implementation == "c"
 
 
 def test_both_engines_are_built_from_the_one_source(core):
-    # The interpreted engine is _engine.py itself; the compiled one was cythonized from that file.
-    source = PACKAGE / "_engine.py"
-    if core.IMPLEMENTATION == "py":
-        assert Path(core.__file__) == source
-    else:  # the extension module of that same name, beside its source
-        compiled = Path(core.__file__)
-        assert compiled.parent == source.parent and compiled.name.split(".")[0] == "_engine"
-        assert compiled.suffix in (".so", ".pyd") and source.exists()
-    assert not (PACKAGE / "_core_py.py").exists() and not (PACKAGE / "_engine.pyx").exists()
+    # The interpreted engine is _engine/*.py itself; the compiled one was cythonized from those files, each
+    # with the .pxd beside it, and every such pair is one of the engine's modules.
+    directory = PACKAGE / "_engine"
+    pairs = sorted(path.stem for path in directory.glob("*.pxd"))
+    assert pairs == sorted(module.__name__.rsplit(".", 1)[1] for module in core.MODULES)
+    assert sorted(path.stem for path in directory.glob("*.py")) == sorted([*pairs, "__init__"])
+    for module in core.MODULES:
+        source = directory / (module.__name__.rsplit(".", 1)[1] + ".py")
+        if core.IMPLEMENTATION == "py":
+            assert Path(module.__file__) == source
+        else:  # the extension module of that same name, beside its source
+            compiled = Path(module.__file__)
+            assert compiled.parent == directory and compiled.name.split(".")[0] == source.stem
+            assert compiled.suffix in (".so", ".pyd") and source.exists()
+    assert Path(core.__file__) == directory / "__init__.py"  # the face is never compiled
+    assert not (PACKAGE / "_core_py.py").exists() and not list(directory.glob("*.pyx"))
 
 
 def test_native_core_its_fallback_and_its_stub_declare_the_same_names():
@@ -60,7 +67,7 @@ def test_native_core_its_fallback_and_its_stub_declare_the_same_names():
 def test_the_mutex_of_each_engine_excludes_and_releases(implementation):
     import threading
 
-    mutex = (_impl.load("c").__dict__ if implementation == "c" else vars(_impl.load("py")))["_new_mutex"]()
+    mutex = _impl.load(implementation).timing.new_mutex()
     entered, inside = threading.Event(), []
 
     def other() -> None:
@@ -106,7 +113,7 @@ def test_an_install_without_the_compiled_engine_warns_clearly_and_runs_the_sourc
 
     package = os.path.dirname(fastlease.__file__)
     shutil.copytree(package, tmp_path / "fastlease", ignore=shutil.ignore_patterns(
-        "_core.*.so", "_core.*.pyd", "_engine.*.so", "_engine.*.pyd", "*.c", "__pycache__"))
+        "*.so", "*.pyd", "*.c", "__pycache__"))
     probe = "import fastlease; print(fastlease.IMPLEMENTATION)"
     result = subprocess.run([sys.executable, "-W", "always", "-c", probe], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(tmp_path)), check=True)
@@ -135,7 +142,8 @@ def _import_copy(package_dir, changed=None):
 
 
 @pytest.mark.c_extension
-@pytest.mark.parametrize(("changed", "pulse"), [("_engine.py", "fastlease._core"),
+@pytest.mark.parametrize(("changed", "pulse"), [("_engine/lease.py", "fastlease._core"),
+                                                ("_engine/timing.py", "fastlease._core"),
                                                 ("_core.pyx", "fastlease._core_fallback")])
 def test_a_compiled_module_older_than_its_source_is_not_used(tmp_path, changed, pulse):
     # A checkout that moved on without a rebuild: the source runs, never the code of another commit.
@@ -144,8 +152,8 @@ def test_a_compiled_module_older_than_its_source_is_not_used(tmp_path, changed, 
     implementation, pulse_module, path = result.stdout.split()
     assert (implementation, pulse_module) == ("py", pulse)
     assert path.startswith(str(tmp_path))
-    module = "fastlease." + changed.split(".")[0]
-    assert f"{module} was compiled from another {changed} (CRC " in result.stderr
+    module = "fastlease." + changed.split(".")[0].replace("/", ".")
+    assert f"{module} was compiled from another {changed.rsplit('/', 1)[-1]} (CRC " in result.stderr
     assert "running the source with the pure-Python engine instead of a stale build" in result.stderr
     assert "pip install -e ." in result.stderr
 

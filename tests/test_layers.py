@@ -3,7 +3,8 @@
 The layers (docs/architecture.md): the public API on top, the engine below it, the stores at the
 bottom, and ``exceptions`` under all three. Every import statement counts, including those inside
 functions (which could otherwise hide a cycle); only ``if TYPE_CHECKING:`` blocks, which never run,
-are left out. Packages' ``__init__`` modules are left out too: they only gather names for users.
+are left out. Packages' ``__init__`` modules count as modules of their own: a face that gathers names
+must still import only its own layer or below.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import fastlease
 ROOT = Path(fastlease.__file__).parent
 PACKAGE = "fastlease"
 
-#: Modules of the engine layer: the one engine source, its native core and fallback, and the selector.
-ENGINE = frozenset({"fastlease._engine", "fastlease._core", "fastlease._core_fallback", "fastlease._impl",
+#: Modules of the engine layer besides the engine package (``fastlease._engine`` and its modules): its
+#: native core and fallback, the selector, and the renewal process's two sides.
+ENGINE = frozenset({"fastlease._core", "fastlease._core_fallback", "fastlease._impl",
                     "fastlease._renewal_link", "fastlease._renewal_process"})
+ENGINE_PACKAGE = "fastlease._engine"
 #: Imported by every layer.
 SHARED = frozenset({"fastlease.exceptions", "fastlease._logging", "fastlease._typing"})
 
@@ -35,7 +38,7 @@ def module_names() -> dict[str, Path]:
         if path.suffix not in (".py", ".pyx") or "__pycache__" in path.parts:
             continue
         parts = path.relative_to(ROOT.parent).with_suffix("").parts
-        found[".".join(parts)] = path
+        found[".".join(parts[:-1] if path.name == "__init__.py" else parts)] = path
     return found
 
 
@@ -109,11 +112,7 @@ def graph() -> Mapping[str, frozenset[str]]:
     """Each module's imports of the package. Parsed once per run (every source of the package, about
     0.35 s) and shared by the tests below, so it is read-only."""
     known = module_names()
-    inits = {name for name, path in known.items() if path.name == "__init__.py"}
-    return MappingProxyType({
-        name: frozenset(imports_of(name, path, known) - inits)
-        for name, path in known.items() if name not in inits
-    })
+    return MappingProxyType({name: frozenset(imports_of(name, path, known)) for name, path in known.items()})
 
 
 def layer(module: str) -> int:
@@ -121,7 +120,7 @@ def layer(module: str) -> int:
         return 0
     if module.startswith("fastlease.stores."):
         return 1
-    if module in ENGINE:
+    if module in ENGINE or module == ENGINE_PACKAGE or module.startswith(ENGINE_PACKAGE + "."):
         return 2
     return 3  # the public API: guards, decorator, async, clients, idempotency, testing, the CLI
 
@@ -157,9 +156,9 @@ def test_the_graph_sees_imports_inside_functions_and_skips_type_checking_blocks(
     edges = graph()
     # fastlease.dynamodb imports the fast path inside DynamoDBClient.__init__ only.
     assert "fastlease.stores.dynamodb.fastpath" in edges["fastlease.dynamodb"]
-    # the engine names Clock's users only for the type checker: no edge up to the client.
-    assert "fastlease.client" not in edges["fastlease._engine"]
-    assert {"fastlease._engine", "fastlease.stores.sqlite", "fastlease.lock"} <= set(edges)
+    # the engine names its observer's Lease only for the type checker: no edge from engine up to lease.
+    assert "fastlease._engine.lease" not in edges["fastlease._engine.engine"]
+    assert {"fastlease._engine", "fastlease._engine.lease", "fastlease.stores.sqlite", "fastlease.lock"} <= set(edges)
 
 
 def test_there_are_no_import_cycles():
@@ -185,7 +184,20 @@ def test_stores_import_nothing_of_the_engine_or_the_api():
         assert edges[store] <= SHARED | set(stores), (store, edges[store])
 
 
-def test_the_engine_imports_only_its_native_core_the_store_rules_and_the_exceptions():
-    assert graph()["fastlease._engine"] <= {"fastlease._core", "fastlease._core_fallback",
-                                           "fastlease.stores.base", "fastlease.exceptions", "fastlease._logging",
-                                           "fastlease._typing"}
+def test_the_engine_imports_only_its_own_modules_its_native_core_the_store_rules_and_the_exceptions():
+    edges = graph()
+    modules = {name for name in edges if name == ENGINE_PACKAGE or name.startswith(ENGINE_PACKAGE + ".")}
+    assert len(modules) >= 8, modules  # the face and its seven pairs
+    allowed = modules | {"fastlease._core", "fastlease._core_fallback", "fastlease.stores.base", *SHARED}
+    for module in modules:
+        assert edges[module] <= allowed, (module, edges[module] - allowed)
+
+
+def test_the_engine_modules_import_only_those_before_them():
+    """The order the engine's face lists them in (``MODULES``) is the order they may import each other."""
+    order = [module.__name__ for module in fastlease._impl.load("py").MODULES]
+    order = [name.replace("fastlease._engine_py.", ENGINE_PACKAGE + ".") for name in order]
+    edges = graph()
+    for index, module in enumerate(order):
+        later = {name for name in edges[module] if name.startswith(ENGINE_PACKAGE + ".")} - set(order[:index])
+        assert not later, f"{module} imports {sorted(later)}, which come after it in MODULES"

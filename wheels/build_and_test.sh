@@ -58,27 +58,31 @@ step "repair: auditwheel, to manylinux_${max_manylinux}_${arch} or an older tag"
 wheel=$(ls "$work"/wheelhouse/*.whl)
 "$tools" -m auditwheel show "$wheel" | tr -s '\n' ' ' | fold -s -w 110
 echo
-"$tools" - "$wheel" "$max_manylinux" <<'PY'
+"$tools" - "$wheel" "$max_manylinux" "$root/src/fastlease/_engine" <<'PY'
+import os
 import re
 import sys
 import zipfile
 
-wheel, limit = sys.argv[1], int(sys.argv[2].split("_")[1])
+wheel, limit, engine_dir = sys.argv[1], int(sys.argv[2].split("_")[1]), sys.argv[3]
+# The engine's modules: each .py with a .pxd beside it in the source tree.
+engine = sorted(name[:-4] for name in os.listdir(engine_dir) if name.endswith(".pxd"))
 tags = re.findall(r"manylinux_2_(\d+)", wheel.rsplit("/", 1)[-1])
 if not tags or max(int(minor) for minor in tags) > limit:
     sys.exit(f"the wheel's tag is newer than manylinux_2_{limit}: {wheel}")
 names = zipfile.ZipFile(wheel).namelist()
-shipped_sources = [name for name in names if name.endswith((".pyx", ".c"))]
+shipped_sources = [name for name in names if name.endswith((".pyx", ".pxd", ".c", ".h"))]
 if shipped_sources:
     sys.exit(f"the wheel ships sources it must not: {shipped_sources}")
-# The engine's one source ships too: it is the interpreted engine and what type checkers read.
-for needed in ("fastlease/_engine.py", "fastlease/_core_fallback.py", "fastlease/_core.pyi", "fastlease/py.typed"):
+# The engine's sources ship too: they are the interpreted engine and what type checkers read.
+for needed in ("fastlease/_engine/__init__.py", *(f"fastlease/_engine/{module}.py" for module in engine),
+               "fastlease/_core_fallback.py", "fastlease/_core.pyi", "fastlease/py.typed"):
     if needed not in names:
         sys.exit(f"the wheel lacks {needed}")
-for module in ("_core", "_engine"):
+for module in ("_core", *(f"_engine/{module}" for module in engine)):
     if not any(re.fullmatch(rf"fastlease/{module}\..*\.so", name) for name in names):
         sys.exit(f"the wheel has no compiled fastlease.{module}")
-print(f"tag ok (manylinux_2_{max(int(minor) for minor in tags)} <= 2_{limit}); {len(names)} files, no .pyx or .c")
+print(f"tag ok (manylinux_2_{max(int(minor) for minor in tags)} <= 2_{limit}); {len(names)} files, no .pyx, .pxd, .c or .h")
 PY
 
 step "install: a clean venv outside the source tree"

@@ -1,15 +1,15 @@
-"""The one place that picks the engine: ``_engine`` compiled, or the same source interpreted.
+"""The one place that picks the engine: ``_engine`` compiled, or the same sources interpreted.
 
-Both are built from ``_engine.py``. Compiled, it is an extension module that the import system finds
-before the source beside it. ``FASTLEASE_NO_EXTENSIONS=1`` or a non-CPython interpreter selects the
-source as it is; on CPython a missing extension (an sdist built without a compiler) falls back to it
-with a RuntimeWarning. ``load("py")`` loads the source under its own name even where the extension
-exists, so that one test run exercises both.
+Both are built from the engine's modules (``_engine/*.py``). Compiled, each is an extension module that
+the import system finds before the source beside it. ``FASTLEASE_NO_EXTENSIONS=1`` or a non-CPython
+interpreter selects the sources as they are; on CPython a missing extension (an sdist built without a
+compiler) falls back to them with a RuntimeWarning. ``load("py")`` loads the sources as a package of its
+own name (``fastlease._engine_py``) even where the extensions exist, so that one test run exercises both.
 
 A compiled module carries the CRC-32 of the source it was compiled from (``BUILT_FROM``). Where that
 source sits beside it in a source tree, was written after the module, and differs (a checkout moved
 on and the editable install was not rebuilt), the build is stale: it would run code that is no longer in the
-tree, so fastlease warns and runs the source instead; a stale native core also gives way to its
+tree, so fastlease warns and runs the sources instead; a stale native core also gives way to its
 fallback (``native_core``).
 """
 
@@ -22,6 +22,8 @@ import warnings
 
 TYPE_CHECKING = False  # neither typing nor types is imported at run time: see _typing.py
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
     from types import ModuleType
     from typing import Optional
 
@@ -29,7 +31,7 @@ _PY_NAME = f"{__package__}._engine_py"
 
 
 def load(implementation: str) -> ModuleType:
-    """The engine module: ``"c"`` (compiled; ImportError if it was not built) or ``"py"``."""
+    """The engine package: ``"c"`` (compiled; ImportError if it was not built) or ``"py"``."""
     if implementation == "c":
         module = importlib.import_module(f"{__package__}._engine")
         if module.IMPLEMENTATION != "c":
@@ -39,37 +41,59 @@ def load(implementation: str) -> ModuleType:
         raise ValueError(f"implementation must be 'c' or 'py', got {implementation!r}")
     plain = sys.modules.get(f"{__package__}._engine")
     if plain is not None and plain.IMPLEMENTATION == "py":
-        return plain  # no extension was built: the import system already loaded the source
+        return plain  # no extension was built: the import system already loaded the sources
     loaded = sys.modules.get(_PY_NAME)
     if loaded is None:
-        # Only here: importlib.util costs 3 ms of `import fastlease` on the compiled path.
-        from importlib.util import module_from_spec, spec_from_file_location
-
-        path = os.path.join(os.path.dirname(__file__), "_engine.py")
-        spec = spec_from_file_location(_PY_NAME, path)
-        assert spec is not None and spec.loader is not None  # a .py path always has a source loader
-        loaded = module_from_spec(spec)
-        sys.modules[_PY_NAME] = loaded
-        try:
-            spec.loader.exec_module(loaded)
-        except BaseException:
-            del sys.modules[_PY_NAME]
-            raise
+        loaded = _load_sources()
     return loaded
 
 
-def stale_build(module: ModuleType, source_name: str) -> str:
-    """Why compiled ``module`` is not built from ``source_name`` beside it; "" when it is, or outside a
-    source tree."""
-    here = os.path.dirname(__file__)
-    path = os.path.join(here, source_name)
+def _load_sources() -> ModuleType:
+    """The engine's sources as the package ``fastlease._engine_py``: its modules import each other by
+    relative imports, which resolve inside it, and the rest of fastlease by ``..``, which is shared."""
+    # Only here: importlib.util costs 3 ms of `import fastlease` on the compiled path.
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    directory = os.path.join(os.path.dirname(__file__), "_engine")
+
+    class SourcesOnly:
+        """Finds the package's modules as their .py files: the path finder would pick the extension
+        modules beside them first."""
+
+        @staticmethod
+        def find_spec(name: str, path: Optional[Sequence[str]] = None,
+                      target: Optional[ModuleType] = None) -> Optional[ModuleSpec]:
+            if not name.startswith(_PY_NAME + "."):
+                return None
+            return spec_from_file_location(name, os.path.join(directory, name.rsplit(".", 1)[1] + ".py"))
+
+    if not any(type(finder).__name__ == "SourcesOnly" for finder in sys.meta_path):
+        sys.meta_path.insert(0, SourcesOnly())
+    spec = spec_from_file_location(_PY_NAME, os.path.join(directory, "__init__.py"), submodule_search_locations=[])
+    assert spec is not None and spec.loader is not None  # a .py path always has a source loader
+    loaded = module_from_spec(spec)
+    sys.modules[_PY_NAME] = loaded
+    try:
+        spec.loader.exec_module(loaded)
+    except BaseException:
+        for name in [name for name in sys.modules if name == _PY_NAME or name.startswith(_PY_NAME + ".")]:
+            del sys.modules[name]
+        raise
+    return loaded
+
+
+def stale_build(module: ModuleType, source_suffix: str = ".py") -> str:
+    """Why compiled ``module`` is not built from its source beside it (its name with ``source_suffix``);
+    "" when it is, or outside a source tree."""
+    compiled = module.__file__ or ""
+    stem = os.path.join(os.path.dirname(compiled), module.__name__.rsplit(".", 1)[1])
+    path = stem + source_suffix
     try:
         # Only a source tree (an editable install) can hold a stale build: it has the Cython declarations
         # beside the modules, which a wheel does not ship. There, a source written before its module was
         # compiled has not changed since (a checkout writes the files it changes at the current time).
-        # So an import costs one or two stat calls, not binascii (0.4 ms) and a read.
-        if (not os.path.exists(os.path.join(here, source_name.rsplit(".", 1)[0] + ".pxd"))
-                or os.stat(path).st_mtime_ns <= os.stat(module.__file__ or path).st_mtime_ns):
+        # So an import costs one or two stat calls per module, not binascii (0.4 ms) and a read.
+        if not os.path.exists(stem + ".pxd") or os.stat(path).st_mtime_ns <= os.stat(compiled).st_mtime_ns:
             return ""
         with open(path, "rb") as source:
             data = source.read()
@@ -81,6 +105,7 @@ def stale_build(module: ModuleType, source_name: str) -> str:
     built_from = getattr(module, "BUILT_FROM", "")  # a build older than this check has none
     if built_from == crc:
         return ""
+    source_name = os.path.basename(path)
     return (f"{module.__name__} was compiled from another {source_name} (CRC {built_from or 'not recorded'}; "
             f"the file beside it has {crc})")
 
@@ -99,7 +124,7 @@ def native_core() -> Optional[ModuleType]:
         native = importlib.import_module(f"{__package__}._core")
     except ImportError:
         return None
-    return None if stale_build(native, "_core.pyx") else native
+    return None if stale_build(native, ".pyx") else native
 
 
 def _select() -> ModuleType:
@@ -116,7 +141,8 @@ def _select() -> ModuleType:
             stacklevel=3,
         )
         return load("py")
-    stale = stale_build(compiled, "_engine.py") or stale_build(sys.modules[f"{__package__}._core"], "_core.pyx")
+    stale = "; ".join(filter(None, [*(stale_build(module) for module in compiled.MODULES),
+                                    stale_build(sys.modules[f"{__package__}._core"], ".pyx")]))
     if stale:
         warnings.warn(
             f"fastlease: {stale}; running the source with the pure-Python engine instead of a stale build. "

@@ -16,6 +16,7 @@ the "kill" stops the holder's renewals and abandons its row instead.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import queue
@@ -108,7 +109,8 @@ def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore
             metrics = guard.metrics
             contended = metrics.read_requests > 0 or metrics.conditional_failures > 0  # found it held
             events.put(("hold", index, customer, time.monotonic(), metrics.wait_ms, contended))
-            if _work(rng.uniform(*WORK_S), lease, lambda until: events.put(("valid", index, customer, until)), crash):
+            report = functools.partial(_report_validity, events, index, customer)
+            if _work(rng.uniform(*WORK_S), lease, report, crash):
                 client.close()  # the simulated crash: renewals stop and the row is never released
                 return
             renewals = lease.metrics.renewals
@@ -121,6 +123,10 @@ def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore
         events.put(("error", index, _error_text(error)))
     finally:
         client.close()
+
+
+def _report_validity(events: Any, index: int, customer: str, until: float) -> None:
+    events.put(("valid", index, customer, until))
 
 
 def _work(seconds: float, lease: Any, report: Callable[[float], object], crash: Optional[threading.Event]) -> bool:

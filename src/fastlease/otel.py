@@ -32,7 +32,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:
     from typing import Optional
 
-    from ._engine import Lease
+    from ._engine import HeldLease
     from .client import LeaseClient
 
 __all__ = ["LeaseTelemetry", "instrument", "uninstrument"]
@@ -116,11 +116,11 @@ class LeaseTelemetry:
             "fastlease.idempotency.conflicts", unit="{call}",
             description="Idempotent calls refused: another is in flight, or the key came with another payload")
 
-    def _span_attributes(self, lease: Lease) -> dict[str, str]:
+    def _span_attributes(self, lease: HeldLease) -> dict[str, str]:
         return {TABLE: lease.table, KEY: lease.key, STORE: self.store}
 
     # ---- the engine's Observer hooks ----------------------------------------------------------
-    def acquired(self, lease: Lease, wait_ns: int) -> _Hold:
+    def acquired(self, lease: HeldLease, wait_ns: int) -> _Hold:
         """The acquisition span (ended now, begun ``wait_ns`` ago), the wait's point, the hold span begun."""
         now_ns = self._clock.time_ns()
         attributes = self._span_attributes(lease)
@@ -131,7 +131,7 @@ class LeaseTelemetry:
         span = self._tracer.start_span("fastlease.hold", attributes=attributes, start_time=now_ns)
         return _Hold(span, self._clock.monotonic_ns(), labels)
 
-    def acquire_failed(self, lease: Lease, wait_ns: int, error: Optional[BaseException]) -> None:
+    def acquire_failed(self, lease: HeldLease, wait_ns: int, error: Optional[BaseException]) -> None:
         """The acquisition span, ``not_acquired`` (budget spent, cancelled) or ``error``, and the wait's point."""
         now_ns = self._clock.time_ns()
         attributes = self._span_attributes(lease)
@@ -147,17 +147,17 @@ class LeaseTelemetry:
         span.end(end_time=now_ns)
         self._wait.record(wait_ns / 1e9, {TABLE: lease.table, STORE: self.store, OUTCOME: attributes[OUTCOME]})
 
-    def renewed(self, lease: Lease, hold: _Hold, renewals: int) -> None:
+    def renewed(self, lease: HeldLease, hold: _Hold, renewals: int) -> None:
         """Count ``renewals`` more confirmed renewals."""
         self._renewals.add(renewals, hold.labels)
 
-    def lost(self, lease: Lease, hold: _Hold, cause: str) -> None:
+    def lost(self, lease: HeldLease, hold: _Hold, cause: str) -> None:
         """Count the loss by cause, and mark it on the hold span (an event when it happened)."""
         self._losses.add(1, {**hold.labels, LOST_CAUSE: cause})
         hold.span.add_event("fastlease.lost", {LOST_CAUSE: cause}, timestamp=self._clock.time_ns())
         hold.span.set_attribute(LOST_CAUSE, cause)
 
-    def released(self, lease: Lease, hold: _Hold, error: Optional[BaseException]) -> None:
+    def released(self, lease: HeldLease, hold: _Hold, error: Optional[BaseException]) -> None:
         """End the hold span with the release's outcome, and record the hold's duration."""
         span = hold.span
         if error is None:
