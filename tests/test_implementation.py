@@ -33,9 +33,10 @@ def test_both_engines_are_built_from_the_one_source(core):
     # The interpreted engine is _engine/*.py itself; the compiled one was cythonized from those files, each
     # with the .pxd beside it, and every such pair is one of the engine's modules.
     directory = PACKAGE / "_engine"
-    pairs = sorted(path.stem for path in directory.glob("*.pxd"))
-    assert pairs == sorted(module.__name__.rsplit(".", 1)[1] for module in core.MODULES)
-    assert sorted(path.stem for path in directory.glob("*.py")) == sorted([*pairs, "__init__"])
+    names = sorted(module.__name__.rsplit(".", 1)[1] for module in core.MODULES)
+    assert sorted(path.stem for path in directory.glob("*.py")) == sorted([*names, "__init__"])
+    # A source tree has the declarations of every module beside it; an installed wheel ships none.
+    assert sorted(path.stem for path in directory.glob("*.pxd")) in ([], names)
     for module in core.MODULES:
         source = directory / (module.__name__.rsplit(".", 1)[1] + ".py")
         if core.IMPLEMENTATION == "py":
@@ -122,6 +123,10 @@ def test_an_install_without_the_compiled_engine_warns_clearly_and_runs_the_sourc
     assert "circular import" not in result.stderr
 
 
+def _engine_module_names():
+    return [module.__name__.rsplit(".", 1)[1] for module in _impl.load("c").MODULES]
+
+
 def _import_copy(package_dir, changed=None):
     """``import fastlease`` from a copy of the package (its compiled modules included), with ``changed``
     edited after the build; warnings are errors unless a source was changed."""
@@ -131,6 +136,16 @@ def _import_copy(package_dir, changed=None):
 
     shutil.copytree(os.path.dirname(fastlease.__file__), package_dir / "fastlease",
                     ignore=shutil.ignore_patterns("*.c", "__pycache__"))
+    # A source tree, as an editable install has: the check looks for the declarations beside each module,
+    # which an installed wheel (whose copy this may be) does not ship. Their content is not read.
+    copy = package_dir / "fastlease"
+    for module in ("_core", *(f"_engine/{name}" for name in _engine_module_names())):
+        (copy / f"{module}.pxd").touch()
+    source = copy / "_core.pyx"
+    if not source.exists():  # a wheel ships the core compiled only: give it a source older than its build
+        source.write_text("# the native core's source, as a source tree has it\n")
+        built = os.stat(next(copy.glob("_core.*.so"))).st_mtime_ns
+        os.utime(source, ns=(built - 10**9, built - 10**9))
     if changed is not None:
         with open(package_dir / "fastlease" / changed, "a") as source:
             source.write("\n# edited after the build\n")

@@ -101,7 +101,7 @@ import fastlease._impl
 
 if fastlease.IMPLEMENTATION != "c":
     sys.exit(f"the wheel's compiled engine is not the one loaded (IMPLEMENTATION={fastlease.IMPLEMENTATION!r})")
-for module in (fastlease._core, fastlease._impl.core):
+for module in (fastlease._core, *fastlease._impl.core.MODULES):
     if not module.__file__.startswith(sys.prefix) or not module.__file__.endswith(".so"):
         sys.exit(f"{module.__name__} came from {module.__file__}, not the venv {sys.prefix}")
     print(f"compiled {module.__name__} loaded from {module.__file__}")
