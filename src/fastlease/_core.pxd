@@ -1,4 +1,4 @@
-# The native core's C-level interface, for the compiled engine (_engine.pxd cimports Mutex).
+# The native core's C-level interface, for the compiled engine (the _engine/*.pxd files cimport Mutex).
 cimport cython
 
 

@@ -1,7 +1,7 @@
 # cython: language_level=3, embedsignature=True, freethreading_compatible=True
 # cython: boundscheck=False, wraparound=False
 """The native core: only what has to be written in C. The protocol itself is the engine,
-``_engine.py``, written once and compiled from that same source.
+``_engine/``, written once and compiled from those same sources.
 
 * ``Mutex``: the lock of the engine's short critical sections (a lease's state, the observation
   cache, the release signals). On ``pymutex``, taking and releasing it from the compiled engine are

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from types import TracebackType
     from typing import Any, Callable, Optional, Self, Type
 
-    from ._engine import Lease  # type checkers read the one engine source
+    from ._engine import Lease  # type checkers read the engine's sources
 
 __all__ = ["SyncDistributedLock", "LeaseView", "LeaseMetrics", "DEFAULT_LEASE_DURATION", "DEFAULT_WAIT_TIMEOUT"]
 
