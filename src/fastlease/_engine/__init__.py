@@ -43,7 +43,8 @@ from .timing import (
     new_token,
 )
 
-#: The engine's modules, in the order they import each other (``fastlease._impl`` loads them by it).
+#: The engine's modules, in the order they import each other (tests/test_layers.py checks it); fastlease._impl
+#: checks each for a stale build.
 MODULES = (timing, keys, contention, scheduler, engine, held, lease)
 
 
