@@ -9,6 +9,9 @@ import pytest
 
 from fastlease import LockLost, LockNotAcquired, SyncDistributedLock
 from fastlease.exceptions import FastleaseError, LockReleaseError
+from fastlease.stores.base import NOT_DELETED
+from fastlease.stores.memory import MemoryStore
+from fastlease.testing import NO_USAGE
 
 BAD_DURATIONS = [math.nan, math.inf, -math.inf, -1, 86_400.001, 10**9]
 
@@ -510,3 +513,34 @@ def test_a_str_duration_is_a_type_error_in_every_api(make_client, api, name, use
     # TypeError.
     with pytest.raises(TypeError, match=f"^{name} must be a number of seconds, got str: '60'$"):
         use(make_client(), "60")
+
+
+
+
+class _OldAcquisitionStore(MemoryStore):
+    """A store written to an older contract: True or False for an acquisition write."""
+
+    def put_if_absent(self, *args):
+        return super().put_if_absent(*args) is not None
+
+
+class _OldReleaseStore(MemoryStore):
+    """A store written to an older contract: the deleted row, or None, for a release."""
+
+    def delete_if_owner(self, table, key, owner, timeout_s, usage):
+        row = self.rows(table).get(key)
+        return row if super().delete_if_owner(table, key, owner, timeout_s, usage) != NOT_DELETED else None
+
+
+def test_a_lost_race_answered_as_false_is_refused_not_read_as_written(make_client):
+    store = _OldAcquisitionStore()
+    MemoryStore.put_if_absent(store, "locks", "k", "other", "v", 30_000, 1.0, NO_USAGE)  # another holder
+    with pytest.raises(TypeError, match=r"_OldAcquisitionStore answered an acquisition write with False; a LockSt"):
+        SyncDistributedLock(make_client(store=store), table="locks", key="k", wait_timeout=0).acquire()
+    assert store.rows("locks")["k"].owner == "other"  # untouched, and never believed ours
+
+
+def test_a_release_answered_with_a_row_is_refused(make_client):
+    lease = SyncDistributedLock(make_client(store=_OldReleaseStore()), table="locks", key="k").acquire()
+    with pytest.raises(TypeError, match=r"_OldReleaseStore answered a release with LockRow\(owner="):
+        lease.release()

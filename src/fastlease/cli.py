@@ -44,7 +44,7 @@ from ._store_factory import (
 from ._version import __version__
 from .client import LeaseClient
 from .exceptions import FastleaseError
-from .stores.base import NO_USAGE, check_table
+from .stores.base import NO_USAGE, NOT_DELETED, check_table
 from .stores.postgres.sql import sql_identifier
 
 if TYPE_CHECKING:  # annotations only: boto3's and psycopg's clients are imported when their store is chosen
@@ -252,7 +252,7 @@ def _release(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
         if not args.force:
             raise UserError(f"would remove {_describe_row(row, None)}; run again with --force to remove it")
         # Only the row printed: conditioned on its owner, so a new holder's row is never removed.
-        removed = client.store.delete_if_owner(args.table, args.key, row["owner"], 10.0, NO_USAGE) is not None
+        removed = client.store.delete_if_owner(args.table, args.key, row["owner"], 10.0, NO_USAGE) != NOT_DELETED
     finally:
         client.close()
     if not removed:

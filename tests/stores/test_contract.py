@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from fastlease.stores.base import LockRow
+from fastlease.stores.base import DELETED, DELETED_WITH_WAITERS, NOT_DELETED, LockRow
 from fastlease.stores.memory import MemoryStore
 from fastlease.testing import NO_USAGE
 
@@ -181,7 +181,7 @@ def atomic_store(request: pytest.FixtureRequest) -> Iterator[Any]:
 def put(
     store: Any, key: str = "k", owner: str = "o1", version: str = "v1", lease_ms: int = 30_000, table: str = "locks"
 ) -> bool:
-    return bool(store.put_if_absent(table, key, owner, version, lease_ms, T, USAGE))
+    return store.put_if_absent(table, key, owner, version, lease_ms, T, USAGE) is not None
 
 
 def read(store: Any, key: str = "k", table: str = "locks") -> Any:
@@ -195,7 +195,8 @@ def test_read_of_an_absent_key_is_none(store):
 
 
 def test_put_if_absent_creates_a_protocol_1_row_with_exact_types(store):
-    assert put(store) is True
+    token = store.put_if_absent("locks", "k", "o1", "v1", 30_000, T, USAGE)
+    assert type(token) is int and token >= 0  # the fencing token, or 0 on a store that keeps none
     row = read(store)
     assert row == LockRow("o1", "v1", 30_000, 1)
     assert [type(value) for value in row[:5]] == [str, str, int, int, bool]
@@ -208,12 +209,13 @@ def test_put_if_absent_never_overwrites(store):
 
 
 def test_replace_if_needs_the_exact_owner_and_version(store):
-    assert store.replace_if("locks", "k", "o1", "v1", "o2", "v2", 1000, T, USAGE) is False  # absent
+    assert store.replace_if("locks", "k", "o1", "v1", "o2", "v2", 1000, T, USAGE) is None  # absent
     put(store)
-    assert store.replace_if("locks", "k", "o1", "vX", "o2", "v2", 1000, T, USAGE) is False
-    assert store.replace_if("locks", "k", "oX", "v1", "o2", "v2", 1000, T, USAGE) is False
+    assert store.replace_if("locks", "k", "o1", "vX", "o2", "v2", 1000, T, USAGE) is None
+    assert store.replace_if("locks", "k", "oX", "v1", "o2", "v2", 1000, T, USAGE) is None
     assert read(store) == LockRow("o1", "v1", 30_000, 1)
-    assert store.replace_if("locks", "k", "o1", "v1", "o2", "v2", 1000, T, USAGE)  # True, or a fencing token
+    token = store.replace_if("locks", "k", "o1", "v1", "o2", "v2", 1000, T, USAGE)
+    assert type(token) is int and token >= 0  # the new fencing token, or 0 on a store that keeps none
     assert read(store) == LockRow("o2", "v2", 1000, 1)  # the whole row, with the new lease
 
 
@@ -227,16 +229,16 @@ def test_update_version_if_changes_only_the_version(store):
     assert store.update_version_if("locks", "k", "o1", "v1", "v3", T, USAGE) is False  # old version
 
 
-def test_delete_if_owner_matches_owner_only_and_returns_the_deleted_row(store):
-    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) is None  # absent
+def test_delete_if_owner_matches_owner_only_and_says_what_it_deleted(store):
+    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) == NOT_DELETED  # absent
     put(store)
     store.update_version_if("locks", "k", "o1", "v1", "v2", T, USAGE)
-    assert store.delete_if_owner("locks", "k", "oX", T, USAGE) is None
+    assert store.delete_if_owner("locks", "k", "oX", T, USAGE) == NOT_DELETED
     assert read(store) is not None
     deleted = store.delete_if_owner("locks", "k", "o1", T, USAGE)  # whatever the version
-    assert deleted.owner == "o1" and deleted.waiting is False
+    assert type(deleted) is int and deleted == DELETED  # no waiting hint on the row
     assert read(store) is None
-    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) is None
+    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) == NOT_DELETED
 
 
 def test_mark_waiting_sets_only_the_hint_once_for_the_exact_owner_and_version(store):
@@ -252,11 +254,11 @@ def test_mark_waiting_sets_only_the_hint_once_for_the_exact_owner_and_version(st
     # Renewal keeps the mark; release hands it back to the holder.
     assert store.update_version_if("locks", "k", "o1", "v1", "v2", T, USAGE) is True
     assert read(store) == LockRow("o1", "v2", 12_345, 1, True)
-    assert store.delete_if_owner("locks", "k", "o1", T, USAGE).waiting is True
+    assert store.delete_if_owner("locks", "k", "o1", T, USAGE) == DELETED_WITH_WAITERS
     # A takeover writes a fresh row without it.
     put(store, owner="o3", version="v3")
     store.mark_waiting("locks", "k", "o3", "v3", T, USAGE)
-    assert store.replace_if("locks", "k", "o3", "v3", "o4", "v4", 1000, T, USAGE)
+    assert store.replace_if("locks", "k", "o3", "v3", "o4", "v4", 1000, T, USAGE) is not None
     assert read(store) == LockRow("o4", "v4", 1000, 1, False)
 
 
@@ -266,11 +268,11 @@ def test_fencing_tokens_strictly_increase_and_survive_release_or_are_absent(stor
     tokens.append(store.read("locks", "k", T, USAGE).fence)
     tokens.append(store.replace_if("locks", "k", "o1", "v2", "o2", "v3", 1000, T, USAGE))  # takeover
     tokens.append(store.read("locks", "k", T, USAGE).fence)
-    assert store.delete_if_owner("locks", "k", "o2", T, USAGE) is not None
+    assert store.delete_if_owner("locks", "k", "o2", T, USAGE) == DELETED
     tokens.append(store.put_if_absent("locks", "k", "o3", "v4", 1000, T, USAGE))  # after release
     tokens.append(store.put_if_absent("locks", "other", "o4", "v5", 1000, T, USAGE))  # another key
-    if tokens[0] is True:  # a store without fencing (DynamoDB protocol v1): True, and rows carry None
-        assert tokens == [True, None, True, None, True, True]
+    if tokens[0] == 0:  # a store without fencing (DynamoDB protocol v1): 0, and rows carry None
+        assert tokens == [0, None, 0, None, 0, 0]
     else:
         assert [type(token) for token in tokens] == [int] * 6
         assert tokens == [1, 1, 2, 2, 3, 1]

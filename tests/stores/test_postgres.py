@@ -473,7 +473,7 @@ def test_a_transaction_held_past_the_lease_makes_takeovers_wait_while_renewals_g
                 thread.join(BOUND_S)
             timeouts = [outcome for outcome in outcomes if isinstance(outcome, StoreError)]
             assert len(timeouts) == 2 and all(not error.maybe_committed for error in timeouts), outcomes
-            assert all(outcome is False for outcome in outcomes if not isinstance(outcome, StoreError)), outcomes
+            assert all(outcome is None for outcome in outcomes if not isinstance(outcome, StoreError)), outcomes
             assert time.monotonic() - checked_in_at > LONG_LEASE_S  # the transaction outlived the lease
             lease.raise_if_lost()
             conn.commit()

@@ -8,13 +8,13 @@ This face is never compiled: it names what the layers above use, whichever engin
 The modules, each importing only those before it:
 
 * ``timing``: limits and timing rules, clocks, the native core's mutex and tokens;
-* ``keys``: the key check and key templates;
+* ``keys``: the key check, the strict reading of stored rows, and key templates;
 * ``contention``: what a client remembers of contended keys: the observation cache (the takeover
   rule's memory) and its release signals (handoff inside one client);
 * ``scheduler``: the renewal scheduler, and what it asks of a lease (``Renewable``);
 * ``engine``: the engine's state per client, the observer it tells, fork detection;
 * ``held``: a lease's state and how it is kept (validity, loss, renewal here or by the renewal process);
-* ``lease``: the lease's acquisition and release, and the strict reading of stored rows.
+* ``lease``: the lease's acquisition and release.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from . import contention, engine, held, keys, lease, scheduler, timing
 from .contention import ObservationCache, ReleaseSignals
 from .engine import Engine, Observer, check_not_forked, current_pid
 from .held import STATE_NAMES, HeldLease
-from .keys import CallKey, KeyTemplate, check_key
-from .lease import Lease, check_row, describe_store_error
+from .keys import CallKey, KeyTemplate, check_key, check_row
+from .lease import Lease, describe_store_error
 from .scheduler import Renewable, RenewalScheduler
 from .timing import (
     DELEGATE_MIN_LEASE_MS,

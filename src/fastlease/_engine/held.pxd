@@ -11,14 +11,16 @@ from fastlease._engine.engine cimport Engine, check_not_forked
 from fastlease._engine.keys cimport check_key
 from fastlease._engine.scheduler cimport Renewable, RenewalScheduler
 from fastlease._engine.contention cimport ReleaseSignals
-from fastlease._engine.timing cimport (cleanup_budget_ns, next_backoff_ns, renew_interval_ns, renew_retry_ns,
-                                      request_timeout_ns, validity_ns)
+from fastlease._engine.timing cimport (check_lease_arguments, cleanup_budget_ns, next_backoff_ns,
+                                      renew_interval_ns, renew_retry_ns, request_timeout_ns, validity_ns)
 
 cdef extern from "source_crc.h":  # BUILT_FROM in held.py: the CRC-32 of the source, from setup.py
     const char *FASTLEASE_SOURCE_CRC
 
 
 cdef int64_t _NS_PER_MS
+
+
 
 
 
@@ -77,6 +79,10 @@ cdef class HeldLease(Renewable):
     cdef int64_t _renewals
     cdef double _rcu, _wcu
 
+    cdef _init_ownership(self)
+    cdef _init_renewal(self)
+    cdef _init_waiting(self)
+    cdef _init_counters(self)
     cdef _bind(self, Engine engine)
     cpdef add_capacity(self, double rcu, double wcu)
     cpdef check_process(self)
@@ -87,8 +93,10 @@ cdef class HeldLease(Renewable):
     cdef bint _mark_lost(self, str cause) except -1
     cdef str _lapse_cause(self)
     cdef _announce_lost(self, str cause)
-    @cython.locals(deadline_ns=int64_t, retry_ns=int64_t, mono_ns=int64_t, wall_ns=int64_t, valid=bint)
+    @cython.locals(deadline_ns=int64_t, retry_ns=int64_t, valid=bint)
     cdef int64_t _renew_step(self, int64_t now_ns) except? -1
+    @cython.locals(mono_ns=int64_t, wall_ns=int64_t)
+    cdef int64_t _write_renewal(self, str owner, str version, int64_t deadline_ns, int64_t retry_ns) except? -1
     @cython.locals(lapsed=bint)
     cdef int64_t _confirm_renewal(self, object old_version, str new_version, int64_t mono_ns, int64_t wall_ns) except? -1
     cdef _hand_back(self, int64_t mono_ns, int64_t wall_ns)

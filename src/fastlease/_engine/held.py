@@ -21,8 +21,7 @@ from .keys import check_key
 from .scheduler import Renewable
 from .timing import (
     DELEGATE_MIN_LEASE_MS,
-    MAX_DURATION_MS,
-    MIN_LEASE_MS,
+    check_lease_arguments,
     new_mutex,
     new_token,
     renew_interval_ns,
@@ -77,16 +76,7 @@ class HeldLease(Renewable):
         max_hold_ms: int = 0,
         on_lost: Optional[Callable[[LockLost], object]] = None,
     ) -> None:
-        if type(lease_ms) is not int or not MIN_LEASE_MS <= lease_ms <= MAX_DURATION_MS:
-            raise ValueError(f"lease_ms must be an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {lease_ms!r}")
-        if type(wait_ms) is not int or not 0 <= wait_ms <= MAX_DURATION_MS:
-            raise ValueError(f"wait_ms must be an int in 0-{MAX_DURATION_MS}, got {wait_ms!r}")
-        if type(max_hold_ms) is not int or not (max_hold_ms == 0 or MIN_LEASE_MS <= max_hold_ms <= MAX_DURATION_MS):
-            raise ValueError(
-                f"max_hold_ms must be 0 or an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {max_hold_ms!r}"
-            )
-        if on_lost is not None and not callable(on_lost):
-            raise TypeError(f"on_lost must be a callable taking a LockLost, or None, got {type(on_lost).__name__}")
+        check_lease_arguments(lease_ms, wait_ms, max_hold_ms, on_lost)
         self._bind(client.engine)
         self.table = check_table(table)
         self.key = check_key(key)
@@ -100,6 +90,16 @@ class HeldLease(Renewable):
         self._client = client  # handed back by the ``client`` property; the engine reads only ``engine``
         self._cache_key = (table, key)
         self._mutex = new_mutex()
+        # The observer's record of this hold (what Observer.acquired returned), or None: set by the
+        # caller's thread at the acquisition, taken (back to None) by the end of the hold.
+        self._observed: object = None
+        self._init_ownership()
+        self._init_renewal()
+        self._init_waiting()
+        self._init_counters()
+
+    def _init_ownership(self) -> None:
+        """What this lease holds, and until when: nothing yet."""
         # Written by the caller's thread, and by the renewal thread only to move HELD -> LOST.
         self.state = NEW
         self.lost_cause: Optional[str] = None
@@ -115,6 +115,9 @@ class HeldLease(Renewable):
         self._valid_until_wall_ns = 0
         # An acquisition write whose outcome is unknown: (owner, version, mono_ns, wall_ns). Caller only.
         self._pending: Optional[tuple[str, str, int, int]] = None
+
+    def _init_renewal(self) -> None:
+        """The renewal's state: not scheduled, nothing pending, not delegated."""
         # A renewal write whose outcome is unknown: (version, mono_ns, wall_ns). Renewal thread only.
         self._renew_pending: Optional[tuple[str, int, int]] = None
         self._renew_errors = 0  # consecutive failed renewal requests; renewal thread only
@@ -126,6 +129,9 @@ class HeldLease(Renewable):
         # The renewal process renews this lease: its registration id with the client's link, else 0.
         # Set by the caller's thread before renewal is scheduled; cleared once, under _mutex.
         self._link_id = 0
+
+    def _init_waiting(self) -> None:
+        """What the caller's thread learns while it waits for the key: nothing seen yet."""
         self._hint_ns = 0  # how long the last failed attempt suggests waiting; caller only
         self._row_seen = False  # the last attempt found the key held; caller only
         # How long this client has seen that row unchanged, and the lease it stores (what a takeover
@@ -143,6 +149,9 @@ class HeldLease(Renewable):
         self._cancelled = False
         self._ticket: Optional[threading.Event] = None  # our place in the client's wait queue; caller
         self._watch: Any = None  # our watch on the store's release feed while waiting; caller only
+
+    def _init_counters(self) -> None:
+        """The request counters behind ``metrics``, each written by one thread, all at zero."""
         # Caller-thread counters.
         self._writes = 0
         self._reads = 0
@@ -160,9 +169,6 @@ class HeldLease(Renewable):
         # Capacity reported by stores from either thread; under _mutex.
         self._rcu = 0.0
         self._wcu = 0.0
-        # The observer's record of this hold (what Observer.acquired returned), or None: set by the
-        # caller's thread at the acquisition, taken (back to None) by the end of the hold.
-        self._observed: object = None
 
     def _bind(self, engine: Engine) -> None:
         """Take the client's engine state: the only thing of the client that a lease reads."""
@@ -437,6 +443,11 @@ class HeldLease(Renewable):
             if row is None or row[0] != owner or row[1] != version:
                 self._mark_lost("stolen")
                 return 0
+        return self._write_renewal(owner, version, deadline_ns, retry_ns)
+
+    def _write_renewal(self, owner: str, version: str, deadline_ns: int, retry_ns: int) -> int:
+        """The renewal's conditional write of a new version on (owner, version), validity counted from a
+        stamp taken before it; returns when the renewal step is due again (0: lost)."""
         new_version = new_token()
         mono_ns, wall_ns = self._mono(), self._wall()
         self._renew_writes += 1

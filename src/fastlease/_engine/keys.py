@@ -1,9 +1,11 @@
 # cython: language_level=3, embedsignature=True, freethreading_compatible=True, annotation_typing=False
-"""Lock keys: the check every key passes, and key templates resolved from a call's arguments."""
+"""Lock keys: the check every key passes, the strict reading of the row a store keeps under one, and key
+templates resolved from a call's arguments."""
 
 from __future__ import annotations
 
-from .timing import MAX_KEY_BYTES
+from ..exceptions import MalformedLockRow
+from .timing import MAX_DURATION_MS, MAX_KEY_BYTES, MIN_LEASE_MS, PROTOCOL_V1
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:  # annotations only
@@ -13,7 +15,7 @@ BUILT_FROM = "" if __file__.endswith((".py", ".pyc")) else FASTLEASE_SOURCE_CRC.
 
 
 # ---------------------------------------------------------------------------------------------
-# Lock keys
+# Lock keys, and the rows stored under them
 # ---------------------------------------------------------------------------------------------
 def check_key(key: object) -> str:
     """Return ``key`` if it is a str of 1-2,048 UTF-8 bytes, else raise TypeError/ValueError."""
@@ -29,6 +31,21 @@ def check_key(key: object) -> str:
     if not 1 <= size <= MAX_KEY_BYTES:
         raise ValueError(f"lock key must be 1-{MAX_KEY_BYTES} UTF-8 bytes, got {size}: {key!r:.80}")
     return key
+
+
+def check_row(row: Any, key: str) -> None:
+    """Strict protocol v1 parsing of a row read from a store: anything unexpected fails closed."""
+    owner, version, lease_ms, protocol, waiting, fence = row
+    if type(waiting) is not bool:
+        raise MalformedLockRow(f"lock row for {key!r} has a non-boolean waiting hint {waiting!r}", key=key)
+    if fence is not None and (type(fence) is not int or fence < 1):
+        raise MalformedLockRow(f"lock row for {key!r} has fencing token {fence!r}, not a positive int", key=key)
+    if protocol != PROTOCOL_V1 or type(protocol) is not int:
+        raise MalformedLockRow(f"lock row for {key!r} has unsupported protocol {protocol!r}", key=key)
+    if type(owner) is not str or not owner or type(version) is not str or not version:
+        raise MalformedLockRow(f"lock row for {key!r} has an invalid owner or version", key=key)
+    if type(lease_ms) is not int or not MIN_LEASE_MS <= lease_ms <= MAX_DURATION_MS:
+        raise MalformedLockRow(f"lock row for {key!r} has lease_ms {lease_ms!r} outside 100-86400000", key=key)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ cimport cython
 from libc.stdint cimport int64_t
 
 from fastlease._engine.held cimport HeldLease
-from fastlease._engine.keys cimport check_key
+from fastlease._engine.keys cimport check_key, check_row
 from fastlease._engine.contention cimport ReleaseSignals
 from fastlease._engine.timing cimport (cleanup_budget_ns, next_backoff_ns, renew_interval_ns, renew_retry_ns,
                                       request_timeout_ns, validity_ns)
@@ -18,7 +18,6 @@ cdef extern from "source_crc.h":  # BUILT_FROM in lease.py: the CRC-32 of the so
 
 cdef int64_t _NS_PER_MS
 
-cpdef check_row(object row, str key)
 
 
 @cython.final
@@ -35,15 +34,22 @@ cdef class Lease(HeldLease):
     cdef bint _reconcile_or_keep_pending(self, int64_t deadline_ns) except -1
     cdef object _reconcile_acquisition(self, int64_t deadline_ns)
     @cython.locals(start_ns=int64_t, deadline_ns=int64_t, backoff_ns=int64_t, delay_ns=int64_t,
-                   remaining_ns=int64_t, courtesy_ns=int64_t, acquired=bint, reached=bint, signals=ReleaseSignals)
+                   remaining_ns=int64_t, acquired=bint, reached=bint, signals=ReleaseSignals)
     cpdef acquire(self)
+    cdef _begin_acquisition(self)
+    @cython.locals(courtesy_ns=int64_t)
+    cdef _let_a_waiter_go_first(self, ReleaseSignals signals)
+    cdef object _wait_ran_out(self, object last_error, bint reached)
     @cython.locals(now_ns=int64_t, remaining_ns=int64_t, seen_ns=int64_t, stored_lease_ms=int64_t)
     cdef bint _attempt(self, int64_t deadline_ns) except -1
     @cython.locals(mono_ns=int64_t, wall_ns=int64_t, timeout_s=double)
     cdef bint _acquisition_write(self, int64_t deadline_ns, object seen_owner, object seen_version) except -1
     cdef bint _confirm(self, str owner, str version, int64_t mono_ns, int64_t wall_ns, object fence) except -1
-    @cython.locals(budget_ns=int64_t, deleted=bint, lapsed=bint, synced=bint)
+    @cython.locals(budget_ns=int64_t, deleted=bint)
     cpdef release(self)
+    @cython.locals(lapsed=bint, synced=bint)
+    cdef bint _begin_release(self) except -1
+    cdef object _loss_at_release(self, bint deleted)
     cdef _hold_ended(self, object error)
     cdef int64_t _pause_before_retry(self, int64_t backoff_ns, int64_t deadline_ns) except? -1
     cdef bint _delete_owned(self, object owner, int64_t budget_ns, bint raise_on_failure=*) except -1

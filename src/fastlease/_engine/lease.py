@@ -14,17 +14,16 @@ import threading
 
 from .._logging import get_logger
 from .._typing import cast
-from ..exceptions import LockLost, LockNotAcquired, LockReleaseError, MalformedLockRow, StoreError
+from ..exceptions import LockLost, LockNotAcquired, LockReleaseError, StoreError
+from ..stores.base import DELETED_WITH_WAITERS, NOT_DELETED
 from .engine import check_not_forked
 from .held import ACQUIRING, FAILED, HELD, LOST, NEW, RELEASED, RELEASING, STATE_NAMES, HeldLease
+from .keys import check_row
 from .timing import (
     DELEGATE_MIN_LEASE_MS,
     ERROR_BACKOFF_MS,
-    MAX_DURATION_MS,
-    MIN_LEASE_MS,
     NEVER_SET,
     POLL_INTERVAL_MS,
-    PROTOCOL_V1,
     WAITING_MARK_AFTER_MS,
     cleanup_budget_ns,
     jitter,
@@ -58,21 +57,6 @@ def describe_store_error(error: BaseException) -> str:
     return f"{type(cause).__name__}: {error}"
 
 
-def check_row(row: Any, key: str) -> None:
-    """Strict protocol v1 parsing of a row read from a store: anything unexpected fails closed."""
-    owner, version, lease_ms, protocol, waiting, fence = row
-    if type(waiting) is not bool:
-        raise MalformedLockRow(f"lock row for {key!r} has a non-boolean waiting hint {waiting!r}", key=key)
-    if fence is not None and (type(fence) is not int or fence < 1):
-        raise MalformedLockRow(f"lock row for {key!r} has fencing token {fence!r}, not a positive int", key=key)
-    if protocol != PROTOCOL_V1 or type(protocol) is not int:
-        raise MalformedLockRow(f"lock row for {key!r} has unsupported protocol {protocol!r}", key=key)
-    if type(owner) is not str or not owner or type(version) is not str or not version:
-        raise MalformedLockRow(f"lock row for {key!r} has an invalid owner or version", key=key)
-    if type(lease_ms) is not int or not MIN_LEASE_MS <= lease_ms <= MAX_DURATION_MS:
-        raise MalformedLockRow(f"lock row for {key!r} has lease_ms {lease_ms!r} outside 100-86400000", key=key)
-
-
 class Lease(HeldLease):
     """One acquisition of one key: the protocol state machine. Single use."""
 
@@ -84,15 +68,7 @@ class Lease(HeldLease):
         the time until a takeover could be allowed, or until this client releases the key; transient
         store errors back off exponentially. Never beyond the wait budget.
         """
-        check_not_forked(self._pid)
-        self._scheduler.check_open()
-        self._mutex.acquire()  # not `with`: on every hold's path, where it costs half as much compiled
-        try:
-            if self.state != NEW:
-                raise RuntimeError("lease guards are single-use: create a new guard for each acquisition")
-            self.state = ACQUIRING
-        finally:
-            self._mutex.release()
+        self._begin_acquisition()
         start_ns = self._acquire_start_ns = self._mono()
         deadline_ns = start_ns + self.wait_ms * _NS_PER_MS
         backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
@@ -102,10 +78,7 @@ class Lease(HeldLease):
         acquired = False
         try:
             if self.wait_ms and signals.should_yield(self._cache_key, start_ns):
-                # Others are waiting for this key: let one go first. The wait outlasts the longest
-                # poll interval, so every waiter polls at least once meanwhile.
-                courtesy_ns = int(POLL_INTERVAL_MS * _NS_PER_MS * (1.5 + 0.25 * jitter()))
-                self._wait_turn(signals, min(courtesy_ns, self.wait_ms * _NS_PER_MS), False)
+                self._let_a_waiter_go_first(signals)
             while True:
                 if self._ticket is not None:
                     self._ticket.clear()  # a wake-up from now on is for the next attempt
@@ -145,6 +118,29 @@ class Lease(HeldLease):
         self._fail_acquisition(start_ns, None)
         if self._cancelled:
             raise LockNotAcquired(f"acquisition of {self.key!r} in table {self.table!r} was cancelled", key=self.key)
+        raise self._wait_ran_out(last_error, reached) from last_error
+
+    def _let_a_waiter_go_first(self, signals: ReleaseSignals) -> None:
+        """Others are waiting for this key (``ReleaseSignals.should_yield``): let one go first.
+        The wait outlasts the longest poll interval, so every waiter polls at least once meanwhile."""
+        courtesy_ns = int(POLL_INTERVAL_MS * _NS_PER_MS * (1.5 + 0.25 * jitter()))
+        self._wait_turn(signals, min(courtesy_ns, self.wait_ms * _NS_PER_MS), False)
+
+    def _begin_acquisition(self) -> None:
+        """NEW -> ACQUIRING, in the process and on the client that made the guard (single use)."""
+        check_not_forked(self._pid)
+        self._scheduler.check_open()
+        self._mutex.acquire()  # not `with`: on every hold's path, where it costs half as much compiled
+        try:
+            if self.state != NEW:
+                raise RuntimeError("lease guards are single-use: create a new guard for each acquisition")
+            self.state = ACQUIRING
+        finally:
+            self._mutex.release()
+
+    def _wait_ran_out(self, last_error: Optional[BaseException], reached: bool) -> LockNotAcquired:
+        """The wait budget is spent: the error that says why, from what the wait saw (the last store
+        error, whether the store was ever reached, this client's own hold, a row that never changed)."""
         self._wait_timeouts += 1
         budget = seconds_text(self.wait_ms * _NS_PER_MS)
         message = f"lease on {self.key!r} in table {self.table!r} not acquired within {budget}"
@@ -157,7 +153,7 @@ class Lease(HeldLease):
                         "an outer block of this very thread)")
         elif self._row_seen and self.wait_ms < self._seen_lease_ms and self._first_seen == self._last_seen:
             message += self._takeover_advice()  # (the row never changed while we waited: its holder may be dead)
-        raise LockNotAcquired(message, key=self.key) from last_error
+        return LockNotAcquired(message, key=self.key)
 
     def _takeover_advice(self) -> str:
         """For a wait shorter than the holder's lease: how long the row was seen unchanged of what a
@@ -318,13 +314,16 @@ class Lease(HeldLease):
                 raise
             self._pending = (owner, version, mono_ns, wall_ns)
             return self._reconcile_or_keep_pending(deadline_ns)
-        if applied:
-            if seen_owner is not None:
-                _log.debug("took over %r in %r from owner %s", self.key, self.table, seen_owner)
-            # A store that keeps fencing tokens returns the new one (an int) instead of True.
-            return self._confirm(owner, version, mono_ns, wall_ns, applied if type(applied) is int else None)
-        self._conditional_failures += 1
-        return False
+        if applied is None:
+            self._conditional_failures += 1
+            return False
+        if type(applied) is not int or applied < 0:
+            # Fail closed on a store that breaks the contract (an old one's False would read as written).
+            raise TypeError(f"{type(self._store).__name__} answered an acquisition write with {applied!r:.80}; "
+                            "a LockStore returns None (not written) or the fencing token, an int >= 0")
+        if seen_owner is not None:
+            _log.debug("took over %r in %r from owner %s", self.key, self.table, seen_owner)
+        return self._confirm(owner, version, mono_ns, wall_ns, applied or None)  # 0: the store keeps no token
 
     def _reconcile_or_keep_pending(self, deadline_ns: int) -> bool:
         """Right after an ambiguous write: one consistent read. A failed read keeps it pending."""
@@ -395,26 +394,7 @@ class Lease(HeldLease):
         stayed unconfirmed (the LockReleaseError is its ``__cause__``); LockReleaseError if the delete of a
         valid lease stayed unconfirmed."""
         check_not_forked(self._pid)  # a forked child must not delete the row its parent still holds
-        lapsed = synced = False
-        while True:  # at most twice: again only after the renewal process's reports are applied
-            self._mutex.acquire()  # (not `with`: see acquire)
-            try:
-                state = self.state
-                if state == HELD:
-                    lapsed = not self._valid_at(self._mono(), self._wall())
-                    if not lapsed:
-                        self.state = RELEASING
-                elif state != LOST:
-                    raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[state]}")
-            finally:
-                self._mutex.release()
-            if not lapsed or synced or not self._link_id:
-                break
-            # Validity here looks over, but reports may extend it (valid here means valid, so a hold
-            # that ends in time reads no report: no system call on the release's path).
-            self._link.sync()
-            synced = True
-        if lapsed:  # the block outlived validity, perhaps before any renewal step noticed
+        if self._begin_release():  # the block outlived validity, perhaps before any renewal step noticed
             self._mark_lost(self._lapse_cause())
         if self._scheduler.cancel(self):
             # A renewal write is in flight: let it finish, so that no renewal lands after the release.
@@ -448,27 +428,53 @@ class Lease(HeldLease):
                     self.state = RELEASED
             finally:
                 self._mutex.release()
+        lost = self._loss_at_release(deleted)
+        if self._observed is not None:
+            self._hold_ended(lost)
+        if lost is not None:
+            raise lost
+
+    def _begin_release(self) -> bool:
+        """HELD -> RELEASING, or LOST stays: True if validity has lapsed (the state then stays HELD for
+        the caller to mark the loss). Any other state cannot be released."""
+        lapsed = synced = False
+        while True:  # at most twice: again only after the renewal process's reports are applied
+            self._mutex.acquire()  # (not `with`: see acquire)
+            try:
+                state = self.state
+                if state == HELD:
+                    lapsed = not self._valid_at(self._mono(), self._wall())
+                    if not lapsed:
+                        self.state = RELEASING
+                elif state != LOST:
+                    raise RuntimeError(f"lease on {self.key!r} cannot be released in state {STATE_NAMES[state]}")
+            finally:
+                self._mutex.release()
+            if not lapsed or synced or not self._link_id:
+                return lapsed
+            # Validity here looks over, but reports may extend it (valid here means valid, so a hold
+            # that ends in time reads no report: no system call on the release's path).
+            self._link.sync()
+            synced = True
+
+    def _loss_at_release(self, deleted: bool) -> Optional[LockLost]:
+        """After the release's delete: None if the lease was held to the end, else the LockLost that
+        says how ownership ended before it."""
         if deleted:
             self._signals.released(self._cache_key, self._others_waiting, self._mono())
             cause = self.lost_cause
             if cause is None:
-                if self._observed is not None:
-                    self._hold_ended(None)
-                return
+                return None
             # Ownership lapsed during the block (expired, unreachable, or max_hold's cancelled). The
             # row was still ours, but nobody can tell whether another owner acted in between.
-            lost = LockLost(
+            return LockLost(
                 f"lease on {self.key!r} in table {self.table!r} lapsed before the block ended ({cause}): "
                 "its row is deleted, but another owner may have acted meanwhile",
                 key=self.key, cause=cause)
-        else:
-            # The row was not ours any more: someone took over (or removed it). Fail closed.
-            self.note_stolen()
-            cause = cast(str, self.lost_cause)  # set by note_stolen(), or before, with the state LOST
-            lost = LockLost(f"lease on {self.key!r} was lost before release: {cause}", key=self.key, cause=cause)
-        if self._observed is not None:
-            self._hold_ended(lost)
-        raise lost
+        # The row was not ours any more: someone took over (or removed it). Fail closed.
+        self.note_stolen()
+        cause = cast(str, self.lost_cause)  # set by note_stolen(), or before, with the state LOST
+        return LockLost(f"lease on {self.key!r} was lost before release: {cause}", key=self.key, cause=cause)
 
     def _hold_ended(self, error: Optional[BaseException]) -> None:
         """Tell the observer, once, that the hold is over (``error``: what the release raised)."""
@@ -568,10 +574,13 @@ class Lease(HeldLease):
                 if write is None:
                     self._writes += 1
                     timeout_s = self._timeout_s(deadline_ns, now_ns)
-                    deleted = self._store.delete_if_owner(self.table, self.key, owner, timeout_s, self)
-                    applied = deleted is not None
-                    if applied:
-                        self._others_waiting = self._others_waiting or deleted[4] is True
+                    deletion = self._store.delete_if_owner(self.table, self.key, owner, timeout_s, self)
+                    if type(deletion) is not int or not NOT_DELETED <= deletion <= DELETED_WITH_WAITERS:
+                        raise TypeError(f"{type(self._store).__name__} answered a release with {deletion!r:.80}; "
+                                        "a LockStore returns NOT_DELETED, DELETED or DELETED_WITH_WAITERS")
+                    applied = deletion != NOT_DELETED
+                    if deletion == DELETED_WITH_WAITERS:
+                        self._others_waiting = True
                 else:
                     self.raise_if_lost()  # never write on a lapsed lease: a successor may be running
                     self._writes += 1

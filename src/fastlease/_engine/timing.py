@@ -160,3 +160,17 @@ class SystemClock:
 
 SYSTEM_CLOCK = SystemClock()
 
+
+def check_lease_arguments(lease_ms: int, wait_ms: int, max_hold_ms: int, on_lost: object) -> None:
+    """Refuse a lease's durations (ints of milliseconds, as the API layer converted them) or ``on_lost``
+    with an error that names the value, before anything is written."""
+    if type(lease_ms) is not int or not MIN_LEASE_MS <= lease_ms <= MAX_DURATION_MS:
+        raise ValueError(f"lease_ms must be an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {lease_ms!r}")
+    if type(wait_ms) is not int or not 0 <= wait_ms <= MAX_DURATION_MS:
+        raise ValueError(f"wait_ms must be an int in 0-{MAX_DURATION_MS}, got {wait_ms!r}")
+    if type(max_hold_ms) is not int or not (max_hold_ms == 0 or MIN_LEASE_MS <= max_hold_ms <= MAX_DURATION_MS):
+        raise ValueError(
+            f"max_hold_ms must be 0 or an int in {MIN_LEASE_MS}-{MAX_DURATION_MS}, got {max_hold_ms!r}"
+        )
+    if on_lost is not None and not callable(on_lost):
+        raise TypeError(f"on_lost must be a callable taking a LockLost, or None, got {type(on_lost).__name__}")

@@ -2,10 +2,10 @@
 
 A store is an adapter. It never loops, sleeps, retries, generates ids or reads the protocol's clocks
 (a transport may time its own requests): the engine (``fastlease._engine``) does all of that, once, for
-every store. A lost race is a return value
-(``False``); a failed request raises :class:`~fastlease.exceptions.StoreError` whose
-``maybe_committed`` says whether a write could still have been applied (a timeout after sending, a
-dropped response), so the engine knows to reconcile it with a consistent read.
+every store. A lost race is a return value (``False``, ``None`` or ``NOT_DELETED``, as each operation
+says); a failed request raises :class:`~fastlease.exceptions.StoreError` whose ``maybe_committed`` says
+whether a write could still have been applied (a timeout after sending, a dropped response), so the
+engine knows to reconcile it with a consistent read.
 
 ``timeout_s`` bounds the request; ``usage`` receives consumed capacity of successful responses.
 
@@ -58,6 +58,15 @@ class LockRow(NamedTuple):
     fence: Optional[int] = None
 
 
+#: What ``delete_if_owner`` did, one int for the three outcomes. Nothing was deleted: the row was absent
+#: or another owner's.
+NOT_DELETED = 0
+#: The row was ours and is deleted (freed, on stores that keep the fence counter in it).
+DELETED = 1
+#: As DELETED, and the row carried the ``waiting`` hint: a contender asked for the next turn.
+DELETED_WITH_WAITERS = 2
+
+
 class UsageMeter(Protocol):
     """Where a store reports the capacity consumed by a successful response."""
 
@@ -85,9 +94,9 @@ class LockStore(Protocol):
 
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
-    ) -> int:
-        """Create the row (protocol 1) only if no row exists for the key. False if not created; else
-        True, or the new fencing token (an int >= 1) on a store that keeps them (bool is an int)."""
+    ) -> Optional[int]:
+        """Create the row (protocol 1) only if no row exists for the key. None if not created; else the
+        new row's fencing token (an int >= 1), or 0 on a store that keeps none."""
         ...
 
     def replace_if(
@@ -101,9 +110,9 @@ class LockStore(Protocol):
         lease_ms: int,
         timeout_s: float,
         usage: UsageMeter,
-    ) -> int:
+    ) -> Optional[int]:
         """Overwrite the whole row only if it holds exactly (expected_owner, expected_version). Returns
-        as ``put_if_absent`` does."""
+        as ``put_if_absent`` does: None if not written, else the new fencing token (0 if none is kept)."""
         ...
 
     def update_version_if(
@@ -121,10 +130,10 @@ class LockStore(Protocol):
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
-    ) -> Optional[LockRow]:
-        """Delete the row only if its owner is ``owner``: the row as it was, or None if it was absent
-        or owned by another. (Only ``waiting`` is read from it; stores that cannot return the old
-        row's other fields may leave them blank.)"""
+    ) -> int:
+        """Delete the row only if its owner is ``owner``, whatever its version: ``NOT_DELETED`` if it was
+        absent or another owner's, else ``DELETED``, or ``DELETED_WITH_WAITERS`` if the deleted row
+        carried the ``waiting`` hint (read in the same atomic step as the delete)."""
         ...
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
@@ -194,7 +203,7 @@ def outcome_for_log(result: object) -> str:
         maybe_committed = getattr(result, "maybe_committed", False)
         return type(result).__name__ + (" (may have committed)" if maybe_committed else "")
     if result is None or isinstance(result, (bool, int)):
-        return repr(result)  # a lost race (False, 0, None), a fencing token, a confirmation
+        return repr(result)  # a lost race (False, None), a fencing token, a deletion's outcome
     if isinstance(result, LockRow):
         return "row"
     if isinstance(result, Record):

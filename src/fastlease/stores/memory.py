@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from .._typing import Protocol
-from .base import LockRow, Record, UsageMeter
+from .base import DELETED, DELETED_WITH_WAITERS, NOT_DELETED, LockRow, Record, UsageMeter
 
 __all__ = ["MemoryStore"]
 
@@ -57,17 +57,17 @@ class MemoryStore:
     # Each public operation applies itself directly, or through the fault hook when one is installed.
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
-    ) -> int:
-        """Create the row if ``(table, key)`` has none: its new fencing token (an int >= 1), else False."""
+    ) -> Optional[int]:
+        """Create the row if ``(table, key)`` has none: its new fencing token (an int >= 1), else None."""
         if self.faults is None:
             return self._put_if_absent(table, key, owner, version, lease_ms)
         return self.faults.run("put_if_absent", self._put_if_absent, (table, key, owner, version, lease_ms), timeout_s)
 
-    def _put_if_absent(self, table: str, key: str, owner: str, version: str, lease_ms: int) -> int:
+    def _put_if_absent(self, table: str, key: str, owner: str, version: str, lease_ms: int) -> Optional[int]:
         slot = (table, key)
         with self._lock:
             if slot in self._rows:
-                return False
+                return None
             return self._write_locked(slot, owner, version, lease_ms)
 
     def _write_locked(self, slot: tuple[str, str], owner: str, version: str, lease_ms: int) -> int:
@@ -87,9 +87,9 @@ class MemoryStore:
         lease_ms: int,
         timeout_s: float,
         usage: UsageMeter,
-    ) -> int:
+    ) -> Optional[int]:
         """Replace the row only if it holds exactly (expected_owner, expected_version): the new fencing
-        token, else False."""
+        token, else None."""
         args = (table, key, expected_owner, expected_version, owner, version, lease_ms)
         if self.faults is None:
             return self._replace_if(*args)
@@ -97,12 +97,12 @@ class MemoryStore:
 
     def _replace_if(
         self, table: str, key: str, expected_owner: str, expected_version: str, owner: str, version: str, lease_ms: int
-    ) -> int:
+    ) -> Optional[int]:
         slot = (table, key)
         with self._lock:
             row = self._rows.get(slot)
             if row is None or row.owner != expected_owner or row.version != expected_version:
-                return False
+                return None
             return self._write_locked(slot, owner, version, lease_ms)
 
     def update_version_if(
@@ -142,20 +142,21 @@ class MemoryStore:
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
-    ) -> Optional[LockRow]:
-        """Delete the row only if ``owner`` holds it: the row as it was, else None."""
+    ) -> int:
+        """Delete the row only if ``owner`` holds it: ``DELETED`` or ``DELETED_WITH_WAITERS`` (the row
+        carried the waiting hint), else ``NOT_DELETED``."""
         if self.faults is None:
             return self._delete_if_owner(table, key, owner)
         return self.faults.run("delete_if_owner", self._delete_if_owner, (table, key, owner), timeout_s)
 
-    def _delete_if_owner(self, table: str, key: str, owner: str) -> Optional[LockRow]:
+    def _delete_if_owner(self, table: str, key: str, owner: str) -> int:
         slot = (table, key)
         with self._lock:
             row = self._rows.get(slot)
             if row is None or row.owner != owner:
-                return None
+                return NOT_DELETED
             del self._rows[slot]
-            return row
+            return DELETED_WITH_WAITERS if row.waiting else DELETED
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         """The row of ``(table, key)`` as stored (unchecked), or None."""

@@ -28,7 +28,7 @@ import time
 from typing import Any, Optional
 
 from ..exceptions import StoreError, StoreRequestRejected
-from .base import LockRow, Record, UsageMeter, check_table, outcome_for_log
+from .base import DELETED, DELETED_WITH_WAITERS, NOT_DELETED, LockRow, Record, UsageMeter, check_table, outcome_for_log
 
 _log = logging.getLogger("fastlease.stores.sqlite")
 
@@ -63,8 +63,7 @@ _READ = """SELECT owner, version, lease_ms, protocol, waiting, fence FROM "{name
 WHERE key = ? AND owner IS NOT NULL"""
 _INSPECT = """SELECT key, owner, version, lease_ms, protocol, waiting, fence FROM "{name}"
 WHERE owner IS NOT NULL AND (? IS NULL OR key = ?) ORDER BY key"""
-_READ_OWNED = """SELECT owner, version, lease_ms, protocol, waiting, fence FROM "{name}"
-WHERE key = ? AND owner = ?"""
+_WAITING_OF_OWNED = """SELECT waiting FROM "{name}" WHERE key = ? AND owner = ?"""
 _FENCE = """SELECT fence FROM "{name}" WHERE key = ?"""
 _FREE = """UPDATE "{name}" SET owner = NULL, version = NULL, waiting = 0 WHERE key = ? AND owner = ?"""
 #: An idempotent call's completion deletes its row, fencing counter included: idempotency keys are
@@ -253,25 +252,25 @@ class SQLiteStore:
 
     def _acquired(
         self, operation: str, table: str, key: str, timeout_s: float, statement: str, parameters: tuple[Any, ...]
-    ) -> int:
+    ) -> Optional[int]:
         """Run an acquisition write and read the fencing token it set, in one IMMEDIATE transaction:
-        False if not applied, else the token."""
+        None if not applied, else the token."""
 
-        def write(connection: sqlite3.Connection, name: str) -> int:
+        def write(connection: sqlite3.Connection, name: str) -> Optional[int]:
             if connection.execute(statement.format(name=name), parameters).rowcount != 1:
-                return False
+                return None
             fence: int = connection.execute(_FENCE.format(name=name), (key,)).fetchone()[0]
             return fence
 
-        result: int = self._run(operation, table, key, timeout_s,
+        result: Optional[int] = self._run(operation, table, key, timeout_s,
                                 lambda connection, name: _immediately(connection, name, write))
         return result
 
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
-    ) -> int:
+    ) -> Optional[int]:
         """Insert the row, or revive a freed one (its fence counter kept and incremented), only if nobody
-        holds the key; in the same IMMEDIATE transaction read the fencing token back. The token, else False."""
+        holds the key; in the same IMMEDIATE transaction read the fencing token back. The token, else None."""
         return self._acquired("put_if_absent", table, key, timeout_s, _PUT_IF_ABSENT, (key, owner, version, lease_ms))
 
     def replace_if(
@@ -285,9 +284,9 @@ class SQLiteStore:
         lease_ms: int,
         timeout_s: float,
         usage: UsageMeter,
-    ) -> int:
+    ) -> Optional[int]:
         """The takeover: overwrite owner, version and lease_ms and increment the fence, only if the row holds
-        exactly (expected_owner, expected_version). The new fencing token, else False."""
+        exactly (expected_owner, expected_version). The new fencing token, else None."""
         parameters = (owner, version, lease_ms, key, expected_owner, expected_version)
         return self._acquired("replace_if", table, key, timeout_s, _REPLACE_IF, parameters)
 
@@ -306,18 +305,19 @@ class SQLiteStore:
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
-    ) -> Optional[LockRow]:
+    ) -> int:
         """Release: free the row (owner NULL; the fence counter stays) only if ``owner`` holds it, reading
-        it in the same transaction. The row as it was (with its waiting hint), else None."""
-        def free(connection: sqlite3.Connection, name: str) -> Optional[LockRow]:
+        its waiting hint in the same transaction. ``DELETED`` or ``DELETED_WITH_WAITERS``, else
+        ``NOT_DELETED``."""
+        def free(connection: sqlite3.Connection, name: str) -> int:
             # In one transaction, so the hint returned is the one on the row we free.
-            found = connection.execute(_READ_OWNED.format(name=name), (key, owner)).fetchone()
+            found = connection.execute(_WAITING_OF_OWNED.format(name=name), (key, owner)).fetchone()
             if found is None:
-                return None
+                return NOT_DELETED
             connection.execute(_FREE.format(name=name), (key, owner))
-            return _row(found)
+            return DELETED_WITH_WAITERS if found[0] == 1 else DELETED
 
-        result: Optional[LockRow] = self._run(
+        result: int = self._run(
             "delete_if_owner", table, key, timeout_s, lambda connection, name: _immediately(connection, name, free)
         )
         return result

@@ -31,7 +31,7 @@ import logging
 from typing import Any, Optional
 
 from ...exceptions import MalformedLockRow, StoreError, StoreRequestRejected
-from ..base import NO_USAGE, LockRow, Record, UsageMeter, outcome_for_log
+from ..base import DELETED, DELETED_WITH_WAITERS, NO_USAGE, NOT_DELETED, LockRow, Record, UsageMeter, outcome_for_log
 from .transport import SERVER_ERROR_CODES, THROTTLING_CODES, Boto3Transport, ServiceError
 
 __all__ = ["DynamoDBStore", "Boto3Transport", "condition_check", "record_item"]
@@ -202,16 +202,16 @@ class DynamoDBStore:
 
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
-    ) -> bool:
-        """PutItem of a fresh row on ``attribute_not_exists(#key)``: True if written, else False (protocol
-        v1 rows keep no fencing token)."""
+    ) -> Optional[int]:
+        """PutItem of a fresh row on ``attribute_not_exists(#key)``: 0 if written (protocol v1 rows keep
+        no fencing token), else None."""
         params = {
             "TableName": table,
             "Item": _row_item(key, owner, version, lease_ms),
             "ConditionExpression": ACQUIRE_CONDITION,
             "ExpressionAttributeNames": _KEY_NAME,
         }
-        return self._send("PutItem", params, timeout_s, usage, key) is not None
+        return None if self._send("PutItem", params, timeout_s, usage, key) is None else 0
 
     def replace_if(
         self,
@@ -224,9 +224,9 @@ class DynamoDBStore:
         lease_ms: int,
         timeout_s: float,
         usage: UsageMeter,
-    ) -> bool:
-        """PutItem of a fresh row on the observed (expected_owner, expected_version): True if written,
-        else False."""
+    ) -> Optional[int]:
+        """PutItem of a fresh row on the observed (expected_owner, expected_version): 0 if written (no
+        fencing token), else None."""
         params = {
             "TableName": table,
             "Item": _row_item(key, owner, version, lease_ms),
@@ -234,7 +234,7 @@ class DynamoDBStore:
             "ExpressionAttributeNames": _OWNER_VERSION_NAMES,
             "ExpressionAttributeValues": {":owner": {"S": expected_owner}, ":version": {"S": expected_version}},
         }
-        return self._send("PutItem", params, timeout_s, usage, key) is not None
+        return None if self._send("PutItem", params, timeout_s, usage, key) is None else 0
 
     def _update_if_held(
         self, table: str, key: str, owner: str, version: str, update: str, condition: str,
@@ -267,9 +267,9 @@ class DynamoDBStore:
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
-    ) -> Optional[LockRow]:
-        """DeleteItem on the owner, returning the old item: a row that carries only its ``waiting`` hint
-        (all the contract requires), else None."""
+    ) -> int:
+        """DeleteItem on the owner, returning the old item for its ``waiting`` hint: ``DELETED`` or
+        ``DELETED_WITH_WAITERS``, else ``NOT_DELETED``."""
         params = {
             "TableName": table,
             "Key": {"key": {"S": key}},
@@ -280,11 +280,10 @@ class DynamoDBStore:
         }
         response = self._send("DeleteItem", params, timeout_s, usage, key)
         if response is None:
-            return None
-        # Only the hint is read from the old row (the store interface allows the rest to be blank);
-        # the row is deleted either way, so a garbled echo of it only loses the hint.
+            return NOT_DELETED
+        # The row is deleted either way, so a garbled echo of it only loses the hint.
         old = response.get("Attributes") or {}
-        return LockRow(owner, "", 0, 0, old.get("waiting") == {"BOOL": True})
+        return DELETED_WITH_WAITERS if old.get("waiting") == {"BOOL": True} else DELETED
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         """Consistent GetItem: the parsed row, or None. A missing or mistyped attribute raises

@@ -18,7 +18,7 @@ import threading
 from typing import Any, Optional, Sequence
 
 from ...exceptions import StoreError, StoreRequestRejected
-from ..base import LockRow, Record, UsageMeter, outcome_for_log
+from ..base import DELETED, DELETED_WITH_WAITERS, NOT_DELETED, LockRow, Record, UsageMeter, outcome_for_log
 from .feed import PostgresReleaseFeed, release_channel
 from .session import ALL_SESSIONS, Failure, Session, as_text
 from .sql import (
@@ -186,9 +186,9 @@ class PostgresStore:
     # ---- the lock protocol -----------------------------------------------------------------------
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
-    ) -> int:
+    ) -> Optional[int]:
         """Insert the row, or revive a freed one (its fence incremented), only if nobody holds the key.
-        The new fencing token, else False."""
+        The new fencing token, else None."""
         statement = self._sql(PUT_IF_ABSENT, table)
         result = self._request("put_if_absent", key, statement,
                                [key_bytes(key), owner.encode(), version.encode(), b"%d" % lease_ms],
@@ -206,9 +206,9 @@ class PostgresStore:
         lease_ms: int,
         timeout_s: float,
         usage: UsageMeter,
-    ) -> int:
+    ) -> Optional[int]:
         """The takeover: overwrite owner, version and lease_ms and increment the fence, only on exactly
-        (expected_owner, expected_version). The new fencing token, else False."""
+        (expected_owner, expected_version). The new fencing token, else None."""
         statement = self._sql(REPLACE_IF, table)
         parameters = [owner.encode(), version.encode(), b"%d" % lease_ms, key_bytes(key),
                       expected_owner.encode(), expected_version.encode()]
@@ -234,9 +234,10 @@ class PostgresStore:
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
-    ) -> Optional[LockRow]:
-        """Release: free the row (the fence counter stays) only if ``owner`` holds it. The row as it
-        was (only its ``waiting`` hint is read back; the other fields are blank), else None."""
+    ) -> int:
+        """Release: free the row (the fence counter stays) only if ``owner`` holds it, its old ``waiting``
+        hint read back by the same statement. ``DELETED`` or ``DELETED_WITH_WAITERS``, else
+        ``NOT_DELETED``."""
         statement = self._sql(FREE, table)
         channel = self._release_channels.get(table)
         if channel is None:
@@ -244,8 +245,8 @@ class PostgresStore:
         result = self._request("delete_if_owner", key, statement, [key_bytes(key), owner.encode(), channel],
                                timeout_s, True)
         if result.ntuples == 0:
-            return None
-        return LockRow(owner, "", 0, 1, result.get_value(0, 0) == b"t")
+            return NOT_DELETED
+        return DELETED_WITH_WAITERS if result.get_value(0, 0) == b"t" else DELETED
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         """The held row of ``key``, or None."""
@@ -362,10 +363,10 @@ def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def _token(result: Any) -> int:
-    """The fencing token an acquisition's RETURNING gave, else False (the write matched no row)."""
+def _token(result: Any) -> Optional[int]:
+    """The fencing token an acquisition's RETURNING gave, else None (the write matched no row)."""
     if result.ntuples == 0:
-        return False
+        return None
     return int(result.get_value(0, 0))
 
 

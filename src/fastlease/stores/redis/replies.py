@@ -4,7 +4,7 @@ loaded when a client is made (an optional dependency)."""
 from __future__ import annotations
 
 from ...exceptions import MalformedLockRow
-from ..base import LockRow
+from ..base import DELETED_WITH_WAITERS, NOT_DELETED, LockRow
 
 # typing is not imported at run time: the renewal process imports this module (see _typing.py).
 TYPE_CHECKING = False
@@ -116,11 +116,19 @@ def connection_kind(name: str) -> Any:
             "unix": connection.UnixDomainSocketConnection}[name]
 
 
-def fencing_token(reply: object, key: str) -> int:
-    """A script's fencing token reply: 0 (not applied) -> False, else the token."""
+def fencing_token(reply: object, key: str) -> Optional[int]:
+    """A script's fencing token reply: 0 (not applied) -> None, else the token."""
     if type(reply) is not int or reply < 0:
         raise MalformedLockRow(f"Redis fencing counter of {key!r} gave {reply!r}, not a positive int", key=key)
-    return reply if reply else False
+    return reply if reply else None
+
+
+def deletion(reply: object, key: str) -> int:
+    """The RELEASE script's reply, which is already the store's answer (``NOT_DELETED``, ``DELETED`` or
+    ``DELETED_WITH_WAITERS``); anything else means the script on the server is not ours."""
+    if type(reply) is not int or not NOT_DELETED <= reply <= DELETED_WITH_WAITERS:
+        raise MalformedLockRow(f"Redis RELEASE of {key!r} gave {reply!r:.100}, not 0, 1 or 2", key=key)
+    return reply
 
 
 

@@ -82,8 +82,8 @@ return 1
 
 #: Release. KEYS: lease. ARGV: owner, channel.
 #: Deletes the lease only if ``owner`` holds it (whatever its version) and then publishes a wake-up
-#: on the channel. Returns 0 if absent or held by another, else 1, or 2 if the deleted lease carried
-#: the waiting mark (all the engine reads of the old row).
+#: on the channel. Returns the store's answer itself: 0 (NOT_DELETED) if absent or held by another,
+#: else 1 (DELETED), or 2 (DELETED_WITH_WAITERS) if the deleted lease carried the waiting mark.
 RELEASE = """
 local seen = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
 if seen[1] ~= ARGV[1] then return 0 end

@@ -31,6 +31,7 @@ from .replies import (
     cluster_node_message,
     connection_kind,
     constructor_defaults,
+    deletion,
     fencing_token,
     hash_fields,
     load_redis,
@@ -257,9 +258,9 @@ class RedisStore:
     # ---- the LockStore operations --------------------------------------------------------------
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
-    ) -> int:
+    ) -> Optional[int]:
         """The ACQUIRE script: create the lease (PX ``lease_ms``) if the key is absent. The new fencing
-        token from the key's counter, else False."""
+        token from the key's counter, else None."""
         keys = (self.layout.lease(table, key), self.layout.fence(table, key))
         reply = self.run_script(self.scripts.acquire, key, timeout_s, keys, (owner, version, lease_ms))
         return fencing_token(reply, key)
@@ -275,9 +276,9 @@ class RedisStore:
         lease_ms: int,
         timeout_s: float,
         usage: UsageMeter,
-    ) -> int:
+    ) -> Optional[int]:
         """The TAKE_OVER script: replace the whole lease only if it holds exactly (expected_owner,
-        expected_version). The new fencing token, else False."""
+        expected_version). The new fencing token, else None."""
         keys = (self.layout.lease(table, key), self.layout.fence(table, key))
         args = (expected_owner, expected_version, owner, version, lease_ms)
         return fencing_token(self.run_script(self.scripts.take_over, key, timeout_s, keys, args), key)
@@ -299,14 +300,12 @@ class RedisStore:
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
-    ) -> Optional[LockRow]:
-        """The RELEASE script: delete the lease only if ``owner`` holds it, and publish the release. A row
-        that carries only the old ``waiting`` hint (all the contract requires), else None."""
+    ) -> int:
+        """The RELEASE script: delete the lease only if ``owner`` holds it, and publish the release. Its
+        reply is the store's answer: ``NOT_DELETED``, ``DELETED`` or ``DELETED_WITH_WAITERS``."""
         reply = self.run_script(self.scripts.release, key, timeout_s, (self.layout.lease(table, key),),
                                 (owner, self.layout.channel(table, key)))
-        if not reply:
-            return None
-        return LockRow(owner, "", 0, 0, reply == 2)  # the store contract: only the hint is read
+        return deletion(reply, key)
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         """The OBSERVE script: the row, or None if the key is absent. Fields are returned as stored for
