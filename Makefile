@@ -10,7 +10,7 @@ EXTRA_PYTHONS ?= 3.12.1 3.13.0
 # select a few files' tests took 5 s per interpreter). tests/test_all_pythons.py checks that no other has any.
 ALL_PYTHONS_TESTS := tests/test_all_pythons.py tests/test_pulse.py tests/test_renewal_gil.py tests/test_renewal_process.py
 # What an install builds from: a change to any of them reinstalls (and so rebuilds) every venv's core.
-BUILD_INPUTS := pyproject.toml setup.py src/fastlease/_core.pyx src/fastlease/_core.pxd \
+BUILD_INPUTS := pyproject.toml setup.py src/fastlease/_core.pyx src/fastlease/_core.pxd src/fastlease/_pulse.h \
 	$(wildcard src/fastlease/_engine/*.py src/fastlease/_engine/*.pxd) src/fastlease/_engine/source_crc.h
 
 .PHONY: test test-all-pythons demo bench chaos clean redis-server postgresql wheel

@@ -49,12 +49,15 @@ class OptionalBuildExt(build_ext):
         print(FALLBACK_WARNING.format(reason=f"{type(error).__name__}: {error}"), flush=True)
 
 
-def source_crc(path):
-    """The CRC-32 of a module's source, compiled into it: at import fastlease compares it with the source
-    beside the module and, when they differ (a checkout changed, the module was not rebuilt), runs the
-    source instead of a stale build (fastlease/_impl.py)."""
-    with open(path, "rb") as source:
-        return f"{zlib.crc32(source.read()):08x}"
+def source_crc(paths):
+    """The CRC-32 of a module's sources (one after the other), compiled into it: at import fastlease
+    compares it with the sources beside the module and, when they differ (a checkout changed, the module
+    was not rebuilt), runs the source instead of a stale build (fastlease/_impl.py)."""
+    crc = 0
+    for path in paths:
+        with open(path, "rb") as source:
+            crc = zlib.crc32(source.read(), crc)
+    return f"{crc:08x}"
 
 
 #: The engine's modules: each ``.py`` beside a ``.pxd`` in src/fastlease/_engine (the package's face,
@@ -62,8 +65,11 @@ def source_crc(path):
 ENGINE_MODULES = sorted(name[:-4] for name in os.listdir("src/fastlease/_engine") if name.endswith(".pxd"))
 
 
-def compiled(name, path):
-    return Extension(name, [path], define_macros=[("FASTLEASE_SOURCE_CRC", f'"{source_crc(path)}"')])
+def compiled(name, path, headers=()):
+    """The extension ``name`` from ``path``, with the C ``headers`` it includes (rebuilt when they change,
+    and counted in its source CRC after ``path``)."""
+    crc = source_crc([path, *headers])
+    return Extension(name, [path], depends=list(headers), define_macros=[("FASTLEASE_SOURCE_CRC", f'"{crc}"')])
 
 
 def extensions():
@@ -78,7 +84,7 @@ def extensions():
         return []
     return cythonize(
         [
-            compiled("fastlease._core", "src/fastlease/_core.pyx"),
+            compiled("fastlease._core", "src/fastlease/_core.pyx", ["src/fastlease/_pulse.h"]),
             *(compiled(f"fastlease._engine.{name}", f"src/fastlease/_engine/{name}.py") for name in ENGINE_MODULES),
         ],
         compiler_directives={"language_level": "3"},

@@ -141,11 +141,12 @@ def _import_copy(package_dir, changed=None):
     copy = package_dir / "fastlease"
     for module in ("_core", *(f"_engine/{name}" for name in _engine_module_names())):
         (copy / f"{module}.pxd").touch()
-    source = copy / "_core.pyx"
-    if not source.exists():  # a wheel ships the core compiled only: give it a source older than its build
-        source.write_text("# the native core's source, as a source tree has it\n")
-        built = os.stat(next(copy.glob("_core.*.so"))).st_mtime_ns
-        os.utime(source, ns=(built - 10**9, built - 10**9))
+    for name in ("_core.pyx", "_pulse.h"):
+        source = copy / name
+        if not source.exists():  # a wheel ships the core compiled only: give it sources older than its build
+            source.write_text("/* the native core's source, as a source tree has it */\n")
+            built = os.stat(next(copy.glob("_core.*.so"))).st_mtime_ns
+            os.utime(source, ns=(built - 10**9, built - 10**9))
     if changed is not None:
         with open(package_dir / "fastlease" / changed, "a") as source:
             source.write("\n# edited after the build\n")
@@ -157,18 +158,21 @@ def _import_copy(package_dir, changed=None):
 
 
 @pytest.mark.c_extension
-@pytest.mark.parametrize(("changed", "pulse"), [("_engine/lease.py", "fastlease._core"),
-                                                ("_engine/timing.py", "fastlease._core"),
-                                                ("_core.pyx", "fastlease._core_fallback")])
-def test_a_compiled_module_older_than_its_source_is_not_used(tmp_path, changed, pulse):
+@pytest.mark.parametrize(("changed", "pulse", "stale"), [
+    ("_engine/lease.py", "fastlease._core", "fastlease._engine.lease was compiled from another lease.py (CRC "),
+    ("_engine/timing.py", "fastlease._core", "fastlease._engine.timing was compiled from another timing.py (CRC "),
+    ("_core.pyx", "fastlease._core_fallback", "fastlease._core was compiled from another _core.pyx and _pulse.h (CRC "),
+    # The pulse's C alone: setup.py counts the header in the core's CRC.
+    ("_pulse.h", "fastlease._core_fallback", "fastlease._core was compiled from another _core.pyx and _pulse.h (CRC "),
+])
+def test_a_compiled_module_older_than_its_source_is_not_used(tmp_path, changed, pulse, stale):
     # A checkout that moved on without a rebuild: the source runs, never the code of another commit.
     # A stale native core also gives way to the pure-Python pulse, which stops while the GIL is held.
     result = _import_copy(tmp_path, changed)
     implementation, pulse_module, path = result.stdout.split()
     assert (implementation, pulse_module) == ("py", pulse)
     assert path.startswith(str(tmp_path))
-    module = "fastlease." + changed.split(".")[0].replace("/", ".")
-    assert f"{module} was compiled from another {changed.rsplit('/', 1)[-1]} (CRC " in result.stderr
+    assert stale in result.stderr
     assert "running the source with the pure-Python engine instead of a stale build" in result.stderr
     assert "pip install -e ." in result.stderr
 

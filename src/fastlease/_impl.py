@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from typing import Optional
 
 _PY_NAME = f"{__package__}._engine_py"
+#: The C the native core includes besides its .pyx (setup.py compiles the same list into it).
+CORE_HEADERS = ("_pulse.h",)
 
 
 def load(implementation: str) -> ModuleType:
@@ -82,32 +84,39 @@ def _load_sources() -> ModuleType:
     return loaded
 
 
-def stale_build(module: ModuleType, source_suffix: str = ".py") -> str:
-    """Why compiled ``module`` is not built from its source beside it (its name with ``source_suffix``);
-    "" when it is, or outside a source tree."""
+def stale_build(module: ModuleType, source_suffix: str = ".py", headers: tuple[str, ...] = ()) -> str:
+    """Why compiled ``module`` is not built from its sources beside it (its name with ``source_suffix``,
+    then the C ``headers`` setup.py compiled into it); "" when it is, or outside a source tree."""
     compiled = module.__file__ or ""
-    stem = os.path.join(os.path.dirname(compiled), module.__name__.rsplit(".", 1)[1])
-    path = stem + source_suffix
+    directory = os.path.dirname(compiled)
+    stem = os.path.join(directory, module.__name__.rsplit(".", 1)[1])
+    paths = [stem + source_suffix, *(os.path.join(directory, header) for header in headers)]
     try:
         # Only a source tree (an editable install) can hold a stale build: it has the Cython declarations
         # beside the modules, which a wheel does not ship. There, a source written before its module was
         # compiled has not changed since (a checkout writes the files it changes at the current time).
         # So an import costs one or two stat calls per module, not binascii (0.4 ms) and a read.
-        if not os.path.exists(stem + ".pxd") or os.stat(path).st_mtime_ns <= os.stat(compiled).st_mtime_ns:
+        built_ns = os.stat(compiled).st_mtime_ns
+        if not os.path.exists(stem + ".pxd") or all(os.stat(path).st_mtime_ns <= built_ns for path in paths):
             return ""
-        with open(path, "rb") as source:
-            data = source.read()
+        data = []
+        for path in paths:
+            with open(path, "rb") as source:
+                data.append(source.read())
     except OSError:
         return ""
     import binascii
 
-    crc = f"{binascii.crc32(data):08x}"
+    crc = 0
+    for chunk in data:
+        crc = binascii.crc32(chunk, crc)
+    found = f"{crc:08x}"
     built_from = getattr(module, "BUILT_FROM", "")  # a build older than this check has none
-    if built_from == crc:
+    if built_from == found:
         return ""
-    source_name = os.path.basename(path)
-    return (f"{module.__name__} was compiled from another {source_name} (CRC {built_from or 'not recorded'}; "
-            f"the file beside it has {crc})")
+    names = " and ".join(os.path.basename(path) for path in paths)
+    return (f"{module.__name__} was compiled from another {names} (CRC {built_from or 'not recorded'}; "
+            f"the source beside it has {found})")
 
 
 def _extensions_off() -> bool:
@@ -124,7 +133,7 @@ def native_core() -> Optional[ModuleType]:
         native = importlib.import_module(f"{__package__}._core")
     except ImportError:
         return None
-    return None if stale_build(native, ".pyx") else native
+    return None if stale_build(native, ".pyx", CORE_HEADERS) else native
 
 
 def _select() -> ModuleType:
@@ -142,7 +151,7 @@ def _select() -> ModuleType:
         )
         return load("py")
     stale = "; ".join(filter(None, [*(stale_build(module) for module in compiled.MODULES),
-                                    stale_build(sys.modules[f"{__package__}._core"], ".pyx")]))
+                                    stale_build(sys.modules[f"{__package__}._core"], ".pyx", CORE_HEADERS)]))
     if stale:
         warnings.warn(
             f"fastlease: {stale}; running the source with the pure-Python engine instead of a stale build. "
