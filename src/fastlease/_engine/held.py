@@ -443,7 +443,7 @@ class HeldLease(Renewable):
             if row is None or row[0] != owner or row[1] != version:
                 self._mark_lost("stolen")
                 return 0
-        return self._write_renewal(owner, version, deadline_ns, retry_ns)
+        return self._write_renewal(cast(str, owner), cast(str, version), deadline_ns, retry_ns)  # HELD: both set
 
     def _write_renewal(self, owner: str, version: str, deadline_ns: int, retry_ns: int) -> int:
         """The renewal's conditional write of a new version on (owner, version), validity counted from a
