@@ -158,9 +158,8 @@ def prepare_store(options: StoreOptions, cleanup: list[Callable[[], object]],
                   say: Callable[[str], None]) -> StoreOptions:
     """The options the workers use: a temporary SQLite file, a moto server, a redis-server or a
     throwaway PostgreSQL cluster of the demo's own (stopped through ``cleanup``) wherever ``options``
-    name none. One client is built here,
-    in the parent, so a bad option fails once, with the message the other commands give for it, and
-    before anything is printed."""
+    name none. One client is built here, in the parent, so a bad option fails once, with the message
+    the other commands give for it, and before anything is printed."""
     require_library(options.store)  # before any server is started for a store that cannot be used
     if options.store == "sqlite":
         if options.path is None:
@@ -169,30 +168,11 @@ def prepare_store(options: StoreOptions, cleanup: list[Callable[[], object]],
             options = replace(options, path=os.path.join(directory, "locks.db"))
         where = f"SQLite file {options.path}"
     elif options.store == "dynamodb" and options.endpoint_url is None:
-        try:
-            from .testing.moto_server import MotoServer
-        except ImportError as error:  # its message names the one install command
-            raise DemoError(f"--store dynamodb without --endpoint-url starts a moto server, but {error}") from None
-        moto_server = MotoServer()
-        endpoint_url = moto_server.start(timeout_s=60.0)
-        cleanup.append(moto_server.stop)
-        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-        options = replace(options, endpoint_url=endpoint_url, region=options.region or MOTO_REGION)
-        where = f"DynamoDB on a local serialised moto server, {endpoint_url} (pid {moto_server.pid})"
+        options, where = _start_moto(options, cleanup)
     elif options.store == "dynamodb":
         where = f"DynamoDB at {options.endpoint_url}"
     elif options.store == "redis" and redis_url_from_environment(options) is None:
-        from .testing.redis_server import RedisServer, RedisServerUnavailable
-
-        server = RedisServer()
-        try:
-            url = server.start()
-        except RedisServerUnavailable as error:
-            raise DemoError(f"--store redis without --url starts a local redis-server, but {error}") from None
-        cleanup.append(server.stop)
-        options = replace(options, url=url)
-        where = f"Redis on a local redis-server, {url} (pid {server.pid})"
+        options, where = _start_redis(options, cleanup)
     elif options.store == "redis":
         from .redis import _safe_url
 
@@ -216,6 +196,37 @@ def prepare_store(options: StoreOptions, cleanup: list[Callable[[], object]],
         client.close()
     say(f"store: {where}")
     return options
+
+
+def _start_moto(options: StoreOptions, cleanup: list[Callable[[], object]]) -> tuple[StoreOptions, str]:
+    """A local moto server for ``--store dynamodb`` without an endpoint (stopped through ``cleanup``), with
+    placeholder credentials where none are set: the options that reach it, and where it is. DemoError,
+    naming the install command, when moto's server mode is not installed."""
+    try:
+        from .testing.moto_server import MotoServer
+    except ImportError as error:  # its message names the one install command
+        raise DemoError(f"--store dynamodb without --endpoint-url starts a moto server, but {error}") from None
+    moto_server = MotoServer()
+    endpoint_url = moto_server.start(timeout_s=60.0)
+    cleanup.append(moto_server.stop)
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    return (replace(options, endpoint_url=endpoint_url, region=options.region or MOTO_REGION),
+            f"DynamoDB on a local serialised moto server, {endpoint_url} (pid {moto_server.pid})")
+
+
+def _start_redis(options: StoreOptions, cleanup: list[Callable[[], object]]) -> tuple[StoreOptions, str]:
+    """A local redis-server for ``--store redis`` without a URL (stopped through ``cleanup``): the options
+    that reach it, and where it is. DemoError, saying why, when it cannot be started."""
+    from .testing.redis_server import RedisServer, RedisServerUnavailable
+
+    server = RedisServer()
+    try:
+        url = server.start()
+    except RedisServerUnavailable as error:
+        raise DemoError(f"--store redis without --url starts a local redis-server, but {error}") from None
+    cleanup.append(server.stop)
+    return replace(options, url=url), f"Redis on a local redis-server, {url} (pid {server.pid})"
 
 
 def _start_postgres(options: StoreOptions, cleanup: list[Callable[[], object]]) -> tuple[StoreOptions, str]:
@@ -273,35 +284,16 @@ def run(options: StoreOptions, workers: int = 4, seconds: float = 10.0, *,
 
 
 def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[str], None]) -> dict[str, Any]:
+    """Run ``count`` workers on the store ``options`` name for ``seconds``, kill a holder halfway, print
+    progress every second and then the table through ``say``; returns the summary."""
     threads = options.store == "memory"
     say(f"{count} workers, customers {', '.join(CUSTOMERS)}, lease {LEASE_S:g} s, {seconds:g} s; "
         "one holder is killed halfway")
     start_at = time.monotonic() + (0.2 if threads else 2.0)  # spawned workers need time to import
     stop_at = start_at + seconds
     crashes: list[Optional[threading.Event]] = [threading.Event() if threads else None for _ in range(count)]
-    runners: list[Any] = []
-    if threads:
-        events: Any = queue.Queue()
-        memory_store = MemoryStore()  # the one store the worker threads share
-        for index in range(count):
-            runners.append(threading.Thread(target=worker,
-                                            args=(index, options, memory_store, stop_at, events, crashes[index])))
-    else:
-        context = multiprocessing.get_context("spawn")
-        events = context.Queue()
-        for index in range(count):
-            runners.append(context.Process(target=worker, args=(index, options, None, stop_at, events), daemon=True))
-    for runner in runners:
-        runner.start()
-    stats: list[dict[str, Any]] = [
-        {"acquisitions": 0, "contended": 0, "wait_ms": 0.0, "renewals": 0, "timeouts": 0, "lost": 0, "status": "ok"}
-        for _ in range(count)
-    ]
-    holders: dict[str, Any] = dict.fromkeys(CUSTOMERS)  # worker index, None (free) or a label
-    valid_until: dict[tuple[int, str], float] = {}  # (worker, customer) -> its lease's last reported validity end
-    killed: Optional[dict[str, Any]] = None
-    errors: list[str] = []
-    store_errors: dict[int, str] = {}  # worker index -> the last store error behind one of its timeouts
+    events, runners = _start_workers(options, stop_at, crashes)
+    tally = _Tally(count, start_at, say)
     next_progress = start_at + 1.0
     try:
         while time.monotonic() < stop_at + WAIT_S + 5.0:
@@ -311,45 +303,14 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
                 event = None
             now = time.monotonic()
             if event is not None:
-                kind, index = event[0], event[1]
-                if kind == "hold":
-                    _, _, customer, acquired, wait_ms, contended = event
-                    stats[index]["acquisitions"] += 1
-                    stats[index]["wait_ms"] += wait_ms
-                    stats[index]["contended"] += contended
-                    holders[customer] = index
-                    if killed is not None and killed["customer"] == customer and "takeover_s" not in killed:
-                        killed["takeover_s"] = acquired - killed["at"]
-                        # The killed holder's last known validity end: a safe takeover comes after it.
-                        killed["valid_after_kill_s"] = valid_until.get((killed["worker"], customer), 0.0) - killed["at"]
-                        killed["taken_by"] = index
-                        say(f"[{acquired - start_at:5.1f}s] worker {index} took over {customer} "
-                            f"{killed['takeover_s']:.2f} s after worker {killed['worker']} was killed, "
-                            f"{_after_last_renewal()}")
-                elif kind == "valid":
-                    valid_until[(index, event[2])] = event[3]
-                elif kind == "done":
-                    stats[index]["renewals"] += event[3]
-                    if holders.get(event[2]) == index:
-                        holders[event[2]] = None
-                elif kind == "lost":
-                    stats[index]["lost"] += 1
-                    say(f"[{now - start_at:5.1f}s] worker {index} lost its lease on {event[2]} ({event[3]}) "
-                        "before it finished: its work may have overlapped another's")
-                elif kind == "timeout":
-                    stats[index]["timeouts"] += 1
-                    if event[3] is not None:
-                        store_errors[index] = event[3]
-                else:
-                    stats[index]["status"] = "error"
-                    errors.append(f"worker {index}: {event[2]}")
-            if killed is None and now >= start_at + seconds / 2:
-                killed = _kill_a_holder(holders, runners, crashes, now, start_at, say)
-                if killed is not None:
-                    stats[killed["worker"]]["status"] = "killed"
+                tally.record(event, now)
+            if tally.killed is None and now >= start_at + seconds / 2:
+                tally.killed = _kill_a_holder(tally.holders, runners, crashes, now, start_at, say)
+                if tally.killed is not None:
+                    tally.stats[tally.killed["worker"]]["status"] = "killed"
             if now >= next_progress and now < stop_at:
-                total = sum(s["acquisitions"] for s in stats)
-                held = " · ".join(f"{c}: {_label(h)}" for c, h in holders.items())
+                total = sum(s["acquisitions"] for s in tally.stats)
+                held = " · ".join(f"{c}: {_label(h)}" for c, h in tally.holders.items())
                 say(f"[{now - start_at:5.1f}s] {total} acquisitions · {held}")
                 next_progress += 1.0
             if now >= stop_at and not any(_alive(r) for r in runners) and event is None:
@@ -357,10 +318,95 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
     finally:
         for runner in runners:
             _stop(runner)
-    errors.extend(_never_acquired(stats, store_errors, seconds))
-    summary = {"store": options.store, "workers": stats, "killed": killed, "errors": errors}
+    tally.errors.extend(_never_acquired(tally.stats, tally.store_errors, seconds))
+    summary = {"store": options.store, "workers": tally.stats, "killed": tally.killed, "errors": tally.errors}
     _print_table(summary, say)
     return summary
+
+
+def _start_workers(options: StoreOptions, stop_at: float,
+                   crashes: list[Optional[threading.Event]]) -> tuple[Any, list[Any]]:
+    """Start one worker per entry of ``crashes``: on the memory store, threads that share one MemoryStore,
+    each with its crash event; else spawned processes, which are killed for real. Returns the queue their
+    events come on, and the workers."""
+    runners: list[Any] = []
+    if options.store == "memory":
+        events: Any = queue.Queue()
+        memory_store = MemoryStore()  # the one store the worker threads share
+        for index in range(len(crashes)):
+            runners.append(threading.Thread(target=worker,
+                                            args=(index, options, memory_store, stop_at, events, crashes[index])))
+    else:
+        context = multiprocessing.get_context("spawn")
+        events = context.Queue()
+        for index in range(len(crashes)):
+            runners.append(context.Process(target=worker, args=(index, options, None, stop_at, events), daemon=True))
+    for runner in runners:
+        runner.start()
+    return events, runners
+
+
+class _Tally:
+    """What the parent has learnt from its workers' events so far: each worker's counts and status, who
+    holds each customer, the validity each holder last reported, the killed holder and the takeover of
+    its key, and the errors to report. Only the parent's thread reads and writes it."""
+
+    def __init__(self, count: int, start_at: float, say: Callable[[str], None]) -> None:
+        self.stats: list[dict[str, Any]] = [
+            {"acquisitions": 0, "contended": 0, "wait_ms": 0.0, "renewals": 0, "timeouts": 0, "lost": 0, "status": "ok"}
+            for _ in range(count)
+        ]
+        self.holders: dict[str, Any] = dict.fromkeys(CUSTOMERS)  # worker index, None (free) or a label
+        # (worker, customer) -> its lease's last reported validity end
+        self.valid_until: dict[tuple[int, str], float] = {}
+        self.killed: Optional[dict[str, Any]] = None
+        self.errors: list[str] = []
+        self.store_errors: dict[int, str] = {}  # worker index -> the last store error behind one of its timeouts
+        self._start_at = start_at
+        self._say = say
+
+    def record(self, event: tuple[Any, ...], now: float) -> None:
+        """Count one event of a worker (the kinds :func:`worker` reports), which arrived at ``now``."""
+        kind, index = event[0], event[1]
+        stats = self.stats[index]
+        if kind == "hold":
+            _, _, customer, acquired, wait_ms, contended = event
+            self._hold(index, customer, acquired, wait_ms, contended)
+        elif kind == "valid":
+            self.valid_until[(index, event[2])] = event[3]
+        elif kind == "done":
+            stats["renewals"] += event[3]
+            if self.holders.get(event[2]) == index:
+                self.holders[event[2]] = None
+        elif kind == "lost":
+            stats["lost"] += 1
+            self._say(f"[{now - self._start_at:5.1f}s] worker {index} lost its lease on {event[2]} ({event[3]}) "
+                      "before it finished: its work may have overlapped another's")
+        elif kind == "timeout":
+            stats["timeouts"] += 1
+            if event[3] is not None:
+                self.store_errors[index] = event[3]
+        else:
+            stats["status"] = "error"
+            self.errors.append(f"worker {index}: {event[2]}")
+
+    def _hold(self, index: int, customer: str, acquired: float, wait_ms: float, contended: bool) -> None:
+        """Worker ``index`` acquired ``customer``'s lease at ``acquired``; the first acquisition of the
+        killed holder's customer after the kill is the takeover, said as it happens."""
+        stats = self.stats[index]
+        stats["acquisitions"] += 1
+        stats["wait_ms"] += wait_ms
+        stats["contended"] += contended
+        self.holders[customer] = index
+        killed = self.killed
+        if killed is not None and killed["customer"] == customer and "takeover_s" not in killed:
+            killed["takeover_s"] = acquired - killed["at"]
+            # The killed holder's last known validity end: a safe takeover comes after it.
+            killed["valid_after_kill_s"] = self.valid_until.get((killed["worker"], customer), 0.0) - killed["at"]
+            killed["taken_by"] = index
+            self._say(f"[{acquired - self._start_at:5.1f}s] worker {index} took over {customer} "
+                      f"{killed['takeover_s']:.2f} s after worker {killed['worker']} was killed, "
+                      f"{_after_last_renewal()}")
 
 
 def _never_acquired(stats: list[dict[str, Any]], store_errors: dict[int, str], seconds: float) -> list[str]:

@@ -101,19 +101,10 @@ class DynamoDBClient(LeaseClient):
             raise ValueError("pass either session= or credentials (access_key, secret_key, session_token, profile), "
                              "not both: the session has its own")
         if boto3_client is None:
-            from botocore.exceptions import NoRegionError
-
             if session is None:
                 session = boto3.session.Session(aws_access_key_id=access_key, aws_secret_access_key=secret_key,
                                                 aws_session_token=session_token, profile_name=profile)
-            try:
-                boto3_client = session.client("dynamodb", endpoint_url=endpoint_url, region_name=region_name,
-                                              config=config)
-            except NoRegionError:
-                raise StoreConfigurationError(
-                    "DynamoDBClient needs an AWS Region and none is configured: set AWS_DEFAULT_REGION, "
-                    "`region` in ~/.aws/config for your profile, or pass region_name=... (region=... as in pydynox)"
-                ) from None
+            boto3_client = _dynamodb_client(session, endpoint_url, region_name, config)
         elif getattr(getattr(boto3_client, "meta", None), "service_model", None) is None or (
             boto3_client.meta.service_model.service_name != "dynamodb"
         ):
@@ -122,17 +113,20 @@ class DynamoDBClient(LeaseClient):
             raise TypeError(f"fast_path must be True or False, got {fast_path!r}")
         _check_credentials(boto3_client)
         self.boto3_client = boto3_client
-        transport: Any = None
+        super().__init__(DynamoDBStore(self._lock_transport(fast_path)), clock=clock, **engine)
+
+    def _lock_transport(self, fast_path: bool) -> Any:
+        """How the lock's own requests reach DynamoDB: fastlease's request path when ``fast_path`` asks for
+        it and it can serve this client (else the reason is logged at DEBUG), otherwise plain boto3 lock
+        clients from :meth:`_lock_client_factory`."""
         if fast_path:
             from .stores.dynamodb.fastpath import FastPathUnavailable, FastTransport
 
             try:
-                transport = FastTransport(boto3_client, _user_agent())
+                return FastTransport(self.boto3_client, _user_agent())
             except FastPathUnavailable as reason:
                 _log.debug("lock requests use plain boto3: %s", reason)
-        if transport is None:
-            transport = Boto3Transport(self._lock_client_factory())
-        super().__init__(DynamoDBStore(transport), clock=clock, **engine)
+        return Boto3Transport(self._lock_client_factory())
 
     @property
     def transport(self) -> str:
@@ -289,6 +283,20 @@ class DynamoDBClient(LeaseClient):
 def condition_check_item(lease: Any) -> dict[str, Any]:
     """The raw TransactWriteItems entry that holds only while ``lease``'s owner still owns the row."""
     return condition_check(lease.table, lease.key, lease.owner)
+
+
+def _dynamodb_client(session: Any, endpoint_url: Optional[str], region_name: Optional[str], config: Any) -> Any:
+    """A boto3 DynamoDB client from ``session``; StoreConfigurationError, saying where to set one, when no
+    Region is given or configured."""
+    from botocore.exceptions import NoRegionError
+
+    try:
+        return session.client("dynamodb", endpoint_url=endpoint_url, region_name=region_name, config=config)
+    except NoRegionError:
+        raise StoreConfigurationError(
+            "DynamoDBClient needs an AWS Region and none is configured: set AWS_DEFAULT_REGION, "
+            "`region` in ~/.aws/config for your profile, or pass region_name=... (region=... as in pydynox)"
+        ) from None
 
 
 def _check_credentials(boto3_client: Any) -> None:

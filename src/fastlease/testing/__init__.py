@@ -27,7 +27,8 @@ The fixtures load with ``pytest_plugins = ["fastlease.testing"]`` in a ``conftes
 The modules, by job: ``clock`` (FakeClock), ``faults`` (FaultInjector), ``fixtures`` (the pytest
 fixtures), ``moto_server`` (``MotoServer``, a moto server that serialises its requests),
 ``redis_server`` (``RedisServer``, a throwaway ``redis-server``), ``redis_cluster``
-(``RedisClusterServer``, a throwaway Redis Cluster, with slot migrations and node faults) and ``postgres_server``
+(``RedisClusterServer``, a throwaway Redis Cluster, with slot migrations and node faults; what its nodes
+say about slots is read in ``_cluster_slots``) and ``postgres_server``
 (``PostgresServer``, a throwaway PostgreSQL cluster), all started by the one launcher in ``_process``,
 which also stops them when the test process dies.
 

@@ -45,6 +45,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+# CLUSTER_SLOTS and Node are public here (see __all__); they are defined with the slot readers.
+from ._cluster_slots import CLUSTER_SLOTS, Node, check_slot, disagreement, slot_ranges
 from ._process import GUARD_GRACE_S, HOST, ServerNotReady, ServerProcess, free_port, serve_until_stopped
 from .redis_server import READY_TEXT, redis_server_path
 
@@ -53,11 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CLUSTER_SLOTS", "Node", "RedisClusterServer", "RedisClusterUnavailable", "redis_cli_path"]
 
-#: (host, port) of one node.
-Node = tuple[str, int]
-
-#: The number of hash slots of every Redis Cluster.
-CLUSTER_SLOTS = 16384
 #: Fewest primaries ``redis-cli --cluster create`` accepts.
 MIN_NODES = 3
 #: How long a node may be unreachable before the others mark it failed (Redis's default is 15 s). Short,
@@ -116,41 +113,6 @@ def _load_redis() -> Any:
 
 def _is_ready_line(line: str) -> bool:
     return READY_TEXT in line.lower()
-
-
-def _check_slot(slot: object) -> int:
-    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < CLUSTER_SLOTS:
-        raise ValueError(f"slot must be an int from 0 to {CLUSTER_SLOTS - 1}, not {slot!r} "
-                         "(redis.crc.key_slot(key) gives a key's)")
-    return slot
-
-
-def _slot_ranges(reply: Sequence[Any]) -> list[tuple[int, int, Node]]:
-    """``CLUSTER SLOTS`` as sorted (first slot, last slot, the primary's (host, port))."""
-    ranges = []
-    for entry in reply:
-        first, last, primary = entry[0], entry[1], entry[2]
-        host = primary[0].decode() if isinstance(primary[0], bytes) else str(primary[0])
-        ranges.append((int(first), int(last), (host, int(primary[1]))))
-    return sorted(ranges)
-
-
-def _covers_every_slot(ranges: list[tuple[int, int, Node]]) -> bool:
-    expected = 0
-    for first, last, _ in ranges:
-        if first != expected:
-            return False
-        expected = last + 1
-    return expected == CLUSTER_SLOTS
-
-
-def _cluster_state(info: bytes) -> str:
-    """``ok`` or ``fail`` from a ``CLUSTER INFO`` reply ("?" if it has no ``cluster_state`` line)."""
-    for line in info.decode().splitlines():
-        name, _, value = line.partition(":")
-        if name == "cluster_state":
-            return value.strip()
-    return "?"
 
 
 class RedisClusterServer:
@@ -363,19 +325,7 @@ class RedisClusterServer:
     def _agreement(self) -> Optional[str]:
         """None when every reachable node says ``cluster_state:ok`` and all report the same owner for every
         slot, else what is not so yet."""
-        views = []
-        for index in self._live():
-            client = self._admin[index]
-            state = _cluster_state(client.execute_command("CLUSTER", "INFO"))
-            if state != "ok":
-                return f"node {index} says cluster_state:{state}"
-            ranges = _slot_ranges(client.execute_command("CLUSTER", "SLOTS"))
-            if not _covers_every_slot(ranges):
-                return f"node {index} does not see all {CLUSTER_SLOTS} slots assigned: {ranges}"
-            views.append(ranges)
-        if any(view != views[0] for view in views[1:]):
-            return f"the nodes disagree on the slots' owners: {views}"
-        return None
+        return disagreement([(index, self._admin[index]) for index in self._live()])
 
     def _wait_until_agreed(self, deadline: float, what: str) -> None:
         """Poll :meth:`_agreement` until it holds; RedisClusterUnavailable at ``deadline``, with the last answer."""
@@ -408,10 +358,10 @@ class RedisClusterServer:
     def node_for_slot(self, slot: int) -> Node:
         """The (host, port) of the node that owns ``slot`` (0-16383) now, as the first reachable node sees
         it. A slot being migrated is still its source's until :meth:`finish_migration`."""
-        _check_slot(slot)
+        check_slot(slot)
         self._require_running()
         reply = self._admin[self._live()[0]].execute_command("CLUSTER", "SLOTS")
-        for first, last, owner in _slot_ranges(reply):
+        for first, last, owner in slot_ranges(reply):
             if first <= slot <= last:
                 return owner
         raise RedisClusterUnavailable(f"no node owns slot {slot}: CLUSTER SLOTS says {reply!r}")
@@ -422,7 +372,7 @@ class RedisClusterServer:
         hands it over. Returns the number of keys moved. ``keys=False`` is for a slot the test knows is
         empty: Redis refuses to hand over a slot whose keys are still on its source, and so does this, with
         ValueError, before any step. Each step is bounded by ``timeout_s`` (TimeoutError)."""
-        _check_slot(slot)
+        check_slot(slot)
         if not keys:
             self._require_running()
             source = self.node_for_slot(slot)
@@ -439,7 +389,7 @@ class RedisClusterServer:
         source answers a command on a key of the slot that it no longer holds with ``-ASK <slot> <target>``,
         and the target serves such a key only after ``ASKING``. ValueError if the slot is already being
         migrated or already lives on ``to``."""
-        _check_slot(slot)
+        check_slot(slot)
         self._require_running()
         if slot in self._migrations:
             raise ValueError(f"slot {slot} is already being migrated: call finish_migration({slot}) first")
@@ -459,7 +409,7 @@ class RedisClusterServer:
         ``CLUSTER GETKEYSINSLOT`` lists; returns the number moved. A moved key is on the target only: the
         source answers ASK for it. ValueError without a migration of ``slot`` in progress; TimeoutError if
         the keys are not all moved within ``timeout_s``."""
-        _check_slot(slot)
+        check_slot(slot)
         if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
             raise ValueError(f"count must be None (every key) or an int of 0 or more, not {count!r}")
         source, target = self._migration(slot)
@@ -574,7 +524,7 @@ class RedisClusterServer:
             raise ValueError(f"node {index} ({self._address(index)}) is paused: resume_node({index}) first")
 
     def _migration(self, slot: int) -> tuple[int, int]:
-        _check_slot(slot)
+        check_slot(slot)
         self._require_running()
         try:
             return self._migrations[slot]

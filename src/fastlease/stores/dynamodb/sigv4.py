@@ -221,6 +221,31 @@ class SigV4Signer:
             key_entry = self._derive(secret_key, datestamp)
         scope = key_entry[2]
 
+        signed_headers = _SIGNED_HEADERS_TOKEN if token else _SIGNED_HEADERS
+        string_to_sign = self._string_to_sign(host, target, token, path, body, amz_date, scope)
+
+        # HMAC(kSigning, string_to_sign) from the cached pad states (see _hmac_pads). The cached states are
+        # never updated, only copied, and hashlib's copy() holds the object's own lock, so sharing them
+        # between threads is safe.
+        inner = key_entry[3].copy()
+        inner.update(string_to_sign.encode())
+        outer = key_entry[4].copy()
+        outer.update(inner.digest())
+
+        headers = {"Host": host, "Content-Type": CONTENT_TYPE, "X-Amz-Target": target, "X-Amz-Date": amz_date}
+        if token:
+            headers["X-Amz-Security-Token"] = token
+        headers["Authorization"] = (
+            f"{_ALGORITHM} Credential={access_key}/{scope}, SignedHeaders={signed_headers}, "
+            f"Signature={outer.hexdigest()}"
+        )
+        return headers
+
+    def _string_to_sign(
+        self, host: str, target: str, token: Optional[str], path: str, body: bytes, amz_date: str, scope: str
+    ) -> str:
+        """The SigV4 string to sign for :meth:`sign`'s request: the algorithm, the date, the credential
+        scope and the SHA-256 of the canonical request, whose header values and path come from the memos."""
         # `memo.get(v) or miss(v)`: a miss (or an empty canonical value) just recomputes; still correct.
         memo = self._header_memo
         canonical_host = memo.get(host) or self._header_miss(host)
@@ -232,39 +257,15 @@ class SigV4Signer:
         # the payload hash.
         if token:
             canonical_token = memo.get(token) or self._header_miss(token)
-            signed_headers = _SIGNED_HEADERS_TOKEN
             canonical_request = (
                 f"POST\n{canonical_path}\n\ncontent-type:{CONTENT_TYPE}\nhost:{canonical_host}\n"
                 f"x-amz-date:{amz_date}\nx-amz-security-token:{canonical_token}\nx-amz-target:{canonical_target}\n\n"
                 f"{_SIGNED_HEADERS_TOKEN}\n{_sha256(body).hexdigest()}"
             )
         else:
-            signed_headers = _SIGNED_HEADERS
             canonical_request = (
                 f"POST\n{canonical_path}\n\ncontent-type:{CONTENT_TYPE}\nhost:{canonical_host}\n"
                 f"x-amz-date:{amz_date}\nx-amz-target:{canonical_target}\n\n"
                 f"{_SIGNED_HEADERS}\n{_sha256(body).hexdigest()}"
             )
-        string_to_sign = f"{_ALGORITHM}\n{amz_date}\n{scope}\n{_sha256(canonical_request.encode()).hexdigest()}"
-
-        # HMAC(kSigning, string_to_sign) from the cached pad states (see _hmac_pads). The cached states are
-        # never updated, only copied, and hashlib's copy() holds the object's own lock, so sharing them
-        # between threads is safe.
-        inner = key_entry[3].copy()
-        inner.update(string_to_sign.encode())
-        outer = key_entry[4].copy()
-        outer.update(inner.digest())
-
-        headers = {
-            "Host": host,
-            "Content-Type": CONTENT_TYPE,
-            "X-Amz-Target": target,
-            "X-Amz-Date": amz_date,
-        }
-        if token:
-            headers["X-Amz-Security-Token"] = token
-        headers["Authorization"] = (
-            f"{_ALGORITHM} Credential={access_key}/{scope}, SignedHeaders={signed_headers}, "
-            f"Signature={outer.hexdigest()}"
-        )
-        return headers
+        return f"{_ALGORITHM}\n{amz_date}\n{scope}\n{_sha256(canonical_request.encode()).hexdigest()}"
