@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Literal, Optional, ParamSpec, TypeVar, Union, cast
+from typing import Any, Awaitable, Callable, Coroutine, Literal, Optional, ParamSpec, TypeVar, Union, cast
 
 from ..client import LeaseClient
 from ..lock import DEFAULT_LEASE_DURATION
@@ -17,6 +17,9 @@ __all__ = ["idempotent"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+
+# ``payload``: None (every argument), a tuple of argument names, or False (no fingerprint).
+_Payload = Union[Literal[False], tuple[str, ...], None]
 
 
 def idempotent(
@@ -48,54 +51,82 @@ def idempotent(
     spec = _CallSpec(client, table, lock_table, lease_duration, wait, ttl, serializer, retry_on)
     core = client.engine_module
     template = core.KeyTemplate(key)
-    if not (payload is None or payload is False or
-            (isinstance(payload, tuple) and all(isinstance(name, str) for name in payload))):
-        raise TypeError(f"payload must be None, False or a tuple of argument names, got {payload!r}")
+    _check_payload(payload)
 
     def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn) or not callable(fn):
             raise TypeError(f"idempotent wraps plain functions and coroutine functions, got {fn!r}")
-        call_key = _bind_template(core, template, fn)
-        signature = inspect.signature(fn)
-        if isinstance(payload, tuple):
-            missing = [name for name in payload if name not in signature.parameters]
-            if missing:
-                raise ValueError(f"payload names {missing} are not arguments of {fn.__qualname__}{signature}")
-
-        def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> IdempotentCall:
-            fingerprint = ""
-            if payload is not False:
-                bound = signature.bind(*args, **kwargs)
-                bound.apply_defaults()
-                values = bound.arguments if payload is None else {name: bound.arguments[name] for name in payload}
-                fingerprint = payload_fingerprint(values)
-            return IdempotentCall._from_spec(spec, call_key.resolve(args, kwargs), fingerprint)
-
+        calls = _FunctionSpec(spec, _bind_template(core, template, fn), fn, payload)
         if inspect.iscoroutinefunction(fn):
-            @functools.wraps(fn)
-            async def run_async(*args: _P.args, **kwargs: _P.kwargs) -> Any:
-                async with AsyncIdempotentCall._wrap(start(args, kwargs)) as call:
-                    if call.replayed:
-                        return call.result
-                    result = await fn(*args, **kwargs)
-                    await call.complete(result)
-                    return result
-
             # An async def's _R is its coroutine; the wrapper returns a coroutine of the same result.
-            return cast("Callable[_P, _R]", run_async)
-
-        @functools.wraps(fn)
-        def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-            with start(args, kwargs) as call:
-                if call.replayed:
-                    # serializer.loads of the stored result: an _R as far as the serializer round-trips
-                    # it (JSON gives a tuple back as a list).
-                    replayed: _R = call.result
-                    return replayed
-                result = fn(*args, **kwargs)
-                call.complete(result)
-                return result
-
-        return run
+            return cast("Callable[_P, _R]", _async_wrapper(fn, calls))
+        return _sync_wrapper(fn, calls)
 
     return decorate
+
+
+def _check_payload(payload: Any) -> None:
+    """TypeError unless ``payload`` is one of its three forms (names are checked against each function)."""
+    if not (payload is None or payload is False or
+            (isinstance(payload, tuple) and all(isinstance(name, str) for name in payload))):
+        raise TypeError(f"payload must be None, False or a tuple of argument names, got {payload!r}")
+
+
+class _FunctionSpec:
+    """Everything a decorated function's calls share, validated at decoration; ``start`` builds one
+    call's IdempotentCall. Both wrappers start their calls here, so the async one adds no logic."""
+
+    __slots__ = ("spec", "call_key", "signature", "payload")
+
+    def __init__(self, spec: _CallSpec, call_key: Any, fn: Callable[..., Any], payload: _Payload) -> None:
+        self.spec = spec
+        self.call_key = call_key
+        self.signature = inspect.signature(fn)
+        self.payload = payload  # of a valid form (_check_payload); its names are checked here, against fn
+        if isinstance(payload, tuple):
+            missing = [name for name in payload if name not in self.signature.parameters]
+            if missing:
+                raise ValueError(f"payload names {missing} are not arguments of {fn.__qualname__}{self.signature}")
+
+    def start(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> IdempotentCall:
+        fingerprint = self._fingerprint(args, kwargs)
+        return IdempotentCall._from_spec(self.spec, self.call_key.resolve(args, kwargs), fingerprint)
+
+    def _fingerprint(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The fingerprint of the arguments that ``payload`` covers, by name ("" for ``payload=False``)."""
+        if self.payload is False:
+            return ""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = bound.arguments if self.payload is None else {name: bound.arguments[name] for name in self.payload}
+        return payload_fingerprint(values)
+
+
+def _sync_wrapper(fn: Callable[_P, _R], calls: _FunctionSpec) -> Callable[_P, _R]:
+    @functools.wraps(fn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with calls.start(args, kwargs) as call:
+            if call.replayed:
+                # serializer.loads of the stored result: an _R as far as the serializer round-trips
+                # it (JSON gives a tuple back as a list).
+                replayed: _R = call.result
+                return replayed
+            result = fn(*args, **kwargs)
+            call.complete(result)
+            return result
+
+    return run
+
+
+def _async_wrapper(fn: Callable[_P, Awaitable[_R]], calls: _FunctionSpec) -> Callable[_P, Coroutine[Any, Any, _R]]:
+    @functools.wraps(fn)
+    async def run_async(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        async with AsyncIdempotentCall._wrap(calls.start(args, kwargs)) as call:
+            if call.replayed:
+                replayed: _R = call.result  # serializer.loads of the stored result, as in _sync_wrapper
+                return replayed
+            result = await fn(*args, **kwargs)
+            await call.complete(result)
+            return result
+
+    return run_async

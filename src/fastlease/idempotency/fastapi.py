@@ -75,6 +75,9 @@ PROBLEM_JSON = "application/problem+json"
 #: The longest key, quoted or bare.
 MAX_KEY_CHARS = 255
 
+# A route's own handler: FastAPI's, which runs the endpoint and renders its response.
+_Handler = Callable[[Request], Coroutine[Any, Any, Response]]
+
 
 def idempotent_route(
     client: LeaseClient,
@@ -103,80 +106,133 @@ def idempotent_route(
     client whose store keeps no idempotency records.
     """
     spec = _CallSpec(client, table, lock_table, lease_duration, wait, ttl, _JSON, (Exception,))
-    if scope is not None and not callable(scope):
-        raise TypeError(f"scope must be a function of the request returning a str, got {scope!r}")
-    if not isinstance(problem_base, str):
-        raise TypeError(f"problem_base must be a str (a URI prefix), got {type(problem_base).__name__}")
-    guarded = frozenset(method.upper() for method in methods)
-    kept = tuple(name.lower() for name in replay_headers)
-
-    def problem(status: int, name: str, title: str, detail: str, headers: Optional[dict[str, str]] = None
-                ) -> JSONResponse:
-        return JSONResponse({"type": problem_base + name, "title": title, "status": status, "detail": detail},
-                            status_code=status, headers=headers, media_type=PROBLEM_JSON)
+    route = _RouteSpec(spec, header, required, scope, methods, replay_headers, problem_base)
 
     class IdempotentRoute(APIRoute):
-        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        def get_route_handler(self) -> _Handler:
             handle = super().get_route_handler()
 
             async def idempotent_handler(request: Request) -> Response:
-                if request.method not in guarded:
-                    return await handle(request)
-                fields = request.headers.getlist(header)
-                if not fields:
-                    if required:
-                        return problem(400, "idempotency-key-missing", f"{header} is missing",
-                                       f"the {header} header is required: send a unique key, such as a "
-                                       f'UUID, as {header}: "<key>", and the same key when you retry')
-                    return await handle(request)
-                try:
-                    if len(fields) > 1:
-                        raise ValueError(f"it was sent {len(fields)} times: send one {header} field")
-                    idempotency_key = parse_idempotency_key(fields[0])
-                except ValueError as error:
-                    return problem(400, "idempotency-key-malformed", f"{header} is malformed",
-                                   f"the {header} header must be a structured-field string with its quotes, "
-                                   f'such as "8e03978e-40d5-43e8-bc93-6894a57f9324", or 1-{MAX_KEY_CHARS} '
-                                   f"visible ASCII characters without quotes: {error}")
-                owner_scope = scope(request) if scope is not None else ""
-                if not isinstance(owner_scope, str):
-                    raise TypeError(f"scope() must return a str, got {type(owner_scope).__name__}")
-                fingerprint = request_fingerprint(request.method, request.url.path, request.url.query,
-                                                  request.headers.get("content-type", ""), await request.body())
-                # The scope (an identity) is hashed: fixed length, and never readable in the store.
-                scoped = hashlib.sha256(owner_scope.encode()).hexdigest()[:32] if owner_scope else "-"
-                key = f"http:{scoped}:{idempotency_key}"
-                call = AsyncIdempotentCall._wrap(IdempotentCall._from_spec(spec, key, fingerprint))
-                try:
-                    async with call:
-                        if call.replayed:
-                            return _replay(call.result)
-                        try:
-                            response = await handle(request)
-                        except HTTPException as error:
-                            if error.status_code >= 500:
-                                raise
-                            response = JSONResponse({"detail": error.detail}, status_code=error.status_code,
-                                                    headers=error.headers)
-                        if response.status_code >= 500:
-                            raise _NotStored(response)  # leaving the block so releases the key for a retry
-                        await call.complete(_stored(response, kept))
-                        return response
-                except _NotStored as not_stored:
-                    return not_stored.response
-                except IdempotencyInProgress as error:
-                    return problem(409, "idempotency-key-in-progress",
-                                   f"A request is outstanding for this {header}",
-                                   f"a request with this {header} is in progress: retry after Retry-After seconds",
-                                   headers={"Retry-After": str(max(1, math.ceil(error.retry_after)))})
-                except IdempotencyKeyMismatch:
-                    return problem(422, "idempotency-key-reused", f"{header} is already used",
-                                   f"this {header} was used with a different request (method, path, query or "
-                                   f"body): resend the first request unchanged, or use a new key for a new one")
+                return await _answer(route, request, handle)
 
             return idempotent_handler
 
     return IdempotentRoute
+
+
+class _RouteSpec:
+    """What every request of one idempotent router shares (validated once)."""
+
+    __slots__ = ("call", "header", "required", "scope", "guarded", "kept", "problem_base")
+
+    def __init__(self, call: _CallSpec, header: str, required: bool, scope: Optional[Callable[[Request], str]],
+                 methods: Sequence[str], replay_headers: Sequence[str], problem_base: str) -> None:
+        if scope is not None and not callable(scope):
+            raise TypeError(f"scope must be a function of the request returning a str, got {scope!r}")
+        if not isinstance(problem_base, str):
+            raise TypeError(f"problem_base must be a str (a URI prefix), got {type(problem_base).__name__}")
+        self.call = call
+        self.header = header
+        self.required = required
+        self.scope = scope
+        self.guarded = frozenset(method.upper() for method in methods)
+        self.kept = tuple(name.lower() for name in replay_headers)  # the replayed response headers
+        self.problem_base = problem_base
+
+    def problem(self, status: int, name: str, title: str, detail: str, headers: Optional[dict[str, str]] = None
+                ) -> JSONResponse:
+        """An ``application/problem+json`` answer (RFC 9457) whose ``type`` is ``problem_base + name``."""
+        return JSONResponse({"type": self.problem_base + name, "title": title, "status": status, "detail": detail},
+                            status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+async def _answer(route: _RouteSpec, request: Request, handle: _Handler) -> Response:
+    """The response to one request: unguarded methods and keyless requests (when the key is optional)
+    simply run; a missing or malformed key is a 400 problem; a keyed request runs once (_answer_keyed)."""
+    header = route.header
+    if request.method not in route.guarded:
+        return await handle(request)
+    fields = request.headers.getlist(header)
+    if not fields:
+        if route.required:
+            return route.problem(400, "idempotency-key-missing", f"{header} is missing",
+                                 f"the {header} header is required: send a unique key, such as a "
+                                 f'UUID, as {header}: "<key>", and the same key when you retry')
+        return await handle(request)
+    try:
+        if len(fields) > 1:
+            raise ValueError(f"it was sent {len(fields)} times: send one {header} field")
+        idempotency_key = parse_idempotency_key(fields[0])
+    except ValueError as error:
+        return route.problem(400, "idempotency-key-malformed", f"{header} is malformed",
+                             f"the {header} header must be a structured-field string with its quotes, "
+                             f'such as "8e03978e-40d5-43e8-bc93-6894a57f9324", or 1-{MAX_KEY_CHARS} '
+                             f"visible ASCII characters without quotes: {error}")
+    return await _answer_keyed(route, request, handle, idempotency_key)
+
+
+async def _answer_keyed(route: _RouteSpec, request: Request, handle: _Handler, idempotency_key: str) -> Response:
+    """The response to a request that carries a well-formed key: the route's own (run once, stored
+    unless a 5xx), the stored one replayed, or a problem: 409 while a request with the key is in
+    flight, 422 when the key was used with a different request."""
+    header = route.header
+    # scope() first: one that refuses the request (HTTPException) answers before the body is read.
+    key = _scoped_key(route, request, idempotency_key)
+    fingerprint = request_fingerprint(request.method, request.url.path, request.url.query,
+                                      request.headers.get("content-type", ""), await request.body())
+    call = AsyncIdempotentCall._wrap(IdempotentCall._from_spec(route.call, key, fingerprint))
+    try:
+        return await _run_once(call, request, handle, route.kept)
+    except IdempotencyInProgress as error:
+        return route.problem(409, "idempotency-key-in-progress",
+                             f"A request is outstanding for this {header}",
+                             f"a request with this {header} is in progress: retry after Retry-After seconds",
+                             headers={"Retry-After": str(max(1, math.ceil(error.retry_after)))})
+    except IdempotencyKeyMismatch:
+        return route.problem(422, "idempotency-key-reused", f"{header} is already used",
+                             f"this {header} was used with a different request (method, path, query or "
+                             f"body): resend the first request unchanged, or use a new key for a new one")
+
+
+def _scoped_key(route: _RouteSpec, request: Request, idempotency_key: str) -> str:
+    """The record's key: the request's ``Idempotency-Key`` within the scope of its client (one shared
+    scope when the router has no ``scope``, or it returns "")."""
+    owner_scope = route.scope(request) if route.scope is not None else ""
+    if not isinstance(owner_scope, str):
+        raise TypeError(f"scope() must return a str, got {type(owner_scope).__name__}")
+    # The scope (an identity) is hashed: fixed length, and never readable in the store.
+    scoped = hashlib.sha256(owner_scope.encode()).hexdigest()[:32] if owner_scope else "-"
+    return f"http:{scoped}:{idempotency_key}"
+
+
+async def _run_once(call: AsyncIdempotentCall, request: Request, handle: _Handler, kept: tuple[str, ...]
+                    ) -> Response:
+    """The stored response replayed, or the route's own response, stored with the ``kept`` headers
+    unless it is a 5xx. What entering ``call`` raises (IdempotencyInProgress, IdempotencyKeyMismatch)
+    propagates, and so does the route's own exception, which stores nothing (``retry_on`` is every
+    Exception)."""
+    try:
+        async with call:
+            if call.replayed:
+                return _replay(call.result)
+            response = await _route_response(handle, request)
+            if response.status_code >= 500:
+                raise _NotStored(response)  # leaving the block so releases the key for a retry
+            await call.complete(_stored(response, kept))
+            return response
+    except _NotStored as not_stored:
+        return not_stored.response
+
+
+async def _route_response(handle: _Handler, request: Request) -> Response:
+    """The route's response, with an ``HTTPException`` below 500 rendered as FastAPI's default handler
+    does (a final answer, to be stored); a 5xx one is raised, so that nothing is stored."""
+    try:
+        return await handle(request)
+    except HTTPException as error:
+        if error.status_code >= 500:
+            raise
+        return JSONResponse({"detail": error.detail}, status_code=error.status_code, headers=error.headers)
 
 
 class _NotStored(Exception):
