@@ -4,29 +4,15 @@ live guard or an unretrieved exception behind."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import inspect
 
 import pytest
 
 from fastlease import DistributedLock, LockLost, LockNotAcquired, SyncDistributedLock, distributed_lock
+from helpers.loops import run
 from helpers.waiting import wait_until, wait_until_async
 
 BOUND_S = 10.0  # every wait on the guard's threads and the store
-
-
-def run(coro):
-    """asyncio.run with an exception handler that records what the loop would have logged."""
-    reported = []
-
-    async def main():
-        asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
-        return await coro
-
-    result = asyncio.run(main())
-    gc.collect()
-    assert reported == [], reported
-    return result
 
 
 def test_async_guard_holds_and_releases(make_client, store):

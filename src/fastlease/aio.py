@@ -11,6 +11,11 @@ share. What this module adds is only cancellation handling:
 * cancelled while releasing: the release goes on to completion; the cancellation is re-raised.
   (A store whose requests cannot block releases inline on the loop, which nothing can interrupt.)
 * nothing leaves a "Task exception was never retrieved" warning: background outcomes are consumed.
+* ``cancel_on_lost=True``: at the loss, the task running the ``async with`` body is cancelled, and the
+  block ends with the release's ``LockLost`` (its cause) instead of the ``CancelledError``. The engine
+  only calls ``on_lost``; ``_BodyCanceller`` turns that call, from whichever thread found the loss,
+  into ``Task.cancel`` on the loop, and takes the cancellation back (``Task.uncancel``) at the block's
+  end. A cancellation from elsewhere during the same block still ends it with ``CancelledError``.
 
 As with ``asyncio.to_thread``, each step runs in a copy of the task's context (its ``contextvars``),
 so that what it reports (``fastlease.otel``'s spans) belongs to the task's current span.
@@ -24,6 +29,7 @@ from types import TracebackType
 from typing import Callable, Optional, Self, Type
 
 from ._offloop import consume, run, run_to_completion, shielded
+from ._typing import cast
 from .client import LeaseClient
 from .exceptions import LockLost
 from .lock import DEFAULT_LEASE_DURATION, DEFAULT_WAIT_TIMEOUT, LeaseOptions, LeaseView, SyncDistributedLock
@@ -37,9 +43,13 @@ class DistributedLock(LeaseView):
     and members. ``lease`` is this guard: its properties, checks and ``metrics`` never block, before,
     during and after the block. Without ``async with``: ``await guard.acquire()`` and ``await
     guard.release()``. Waiting runs on the client's worker threads; cancelled while waiting, nothing is
-    left held. ``on_lost`` runs in a worker thread: use ``loop.call_soon_threadsafe`` to reach the loop."""
+    left held. ``on_lost`` runs in a worker thread: use ``loop.call_soon_threadsafe`` to reach the loop.
 
-    __slots__ = ("_guard",)
+    ``cancel_on_lost=True`` cancels the task running the ``async with`` body when the lease is lost, so
+    that it stops at its next ``await``; the block then ends with ``LockLost`` (``cause`` says why),
+    not ``CancelledError``. Only ``async with`` arms it (``acquire()`` and ``release()`` do not)."""
+
+    __slots__ = ("_guard", "_canceller")
 
     def __init__(
         self,
@@ -51,26 +61,35 @@ class DistributedLock(LeaseView):
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
         max_hold: Optional[float] = None,
         on_lost: Optional[Callable[[LockLost], object]] = None,
+        cancel_on_lost: bool = False,
     ) -> None:
+        canceller = _BodyCanceller.for_option(cancel_on_lost, on_lost)
         self._adopt(SyncDistributedLock(
             client, table=table, key=key, lease_duration=lease_duration, wait_timeout=wait_timeout,
-            max_hold=max_hold, on_lost=on_lost,
-        ))
+            max_hold=max_hold, on_lost=on_lost if canceller is None else canceller.on_lost,
+        ), canceller)
 
     @classmethod
-    def with_options(cls, client: LeaseClient, *, table: str, key: str, options: LeaseOptions) -> Self:
+    def with_options(cls, client: LeaseClient, *, table: str, key: str, options: LeaseOptions,
+                     cancel_on_lost: bool = False) -> Self:
         """A guard from options validated once for many guards (as ``SyncDistributedLock.with_options``)."""
-        return cls._from_guard(SyncDistributedLock.with_options(client, table=table, key=key, options=options))
+        canceller = _BodyCanceller.for_option(cancel_on_lost, options.on_lost)
+        if canceller is not None:
+            options = options._replace(on_lost=canceller.on_lost)
+        lock = cls.__new__(cls)
+        lock._adopt(SyncDistributedLock.with_options(client, table=table, key=key, options=options), canceller)
+        return lock
 
     @classmethod
     def _from_guard(cls, guard: SyncDistributedLock) -> Self:
         lock = cls.__new__(cls)
-        lock._adopt(guard)
+        lock._adopt(guard, None)
         return lock
 
-    def _adopt(self, guard: SyncDistributedLock) -> None:
+    def _adopt(self, guard: SyncDistributedLock, canceller: Optional[_BodyCanceller]) -> None:
         self._guard = guard  # the sync guard whose steps run on worker threads
         self._lease = guard._lease  # what the shared members (LeaseView) read
+        self._canceller = canceller  # cancel_on_lost's, else None
 
     async def acquire(self) -> Self:
         """Acquire the lease, as entering ``async with`` does, and return this guard, held. Cancelled
@@ -94,7 +113,12 @@ class DistributedLock(LeaseView):
         await run_to_completion(self._guard.client, self._guard.release_by_write, write, landed, short=True)
 
     async def __aenter__(self) -> Self:
-        return await self.acquire()
+        if self._canceller is None:
+            return await self.acquire()
+        self._canceller.arm()
+        await self.acquire()
+        self._canceller.enter_body()
+        return self
 
     def _release_if_acquired(self, acquiring: Future[SyncDistributedLock]) -> None:
         """After a cancelled acquisition finishes: release what it may have acquired, off the loop."""
@@ -108,5 +132,77 @@ class DistributedLock(LeaseView):
         exc: Optional[BaseException],
         traceback: Optional[TracebackType],
     ) -> None:
+        if self._canceller is not None and self._canceller.leave_body() and isinstance(exc, asyncio.CancelledError):
+            # Our own cancellation at the loss, and no other: the block ends with the release's LockLost.
+            await run_to_completion(self._guard.client, self._guard.release, short=True)
+            raise cast(LockLost, self._canceller.lost)  # (the release of a lost lease raises before this)
         # Cancelling here leaves the release running; its outcome is retrieved all the same.
         await run_to_completion(self._guard.client, self._guard.__exit__, exc_type, exc, traceback, short=True)
+
+
+class _BodyCanceller:
+    """``cancel_on_lost``: cancels the task that runs a guard's ``async with`` body at the loss. Every
+    method but ``on_lost`` runs on the event loop's thread, so its fields need no lock."""
+
+    __slots__ = ("_user_on_lost", "_loop", "_task", "_in_body", "lost", "_cancelled")
+
+    @classmethod
+    def for_option(cls, cancel_on_lost: object, on_lost: Optional[Callable[[LockLost], object]]
+                   ) -> Optional[_BodyCanceller]:
+        """A canceller for ``cancel_on_lost=True`` (calling ``on_lost`` first), None for False."""
+        if type(cancel_on_lost) is not bool:
+            raise TypeError(f"cancel_on_lost must be True or False, got {cancel_on_lost!r:.80}")
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError(f"on_lost must be a callable taking a LockLost, got {type(on_lost).__name__}")
+        return cls(on_lost) if cancel_on_lost else None
+
+    def __init__(self, on_lost: Optional[Callable[[LockLost], object]]) -> None:
+        self._user_on_lost = on_lost
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._task: Optional[asyncio.Task[object]] = None
+        self._in_body = False
+        self.lost: Optional[LockLost] = None  # the loss, once the loop has heard of it
+        self._cancelled = False
+
+    def arm(self) -> None:
+        """Entering ``async with`` (before the acquisition, so before any loss): the task to cancel."""
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+
+    def on_lost(self, error: LockLost) -> None:
+        """The engine's ``on_lost``, once, in the thread that found the loss: the user's callback, then
+        the loop is told."""
+        try:
+            if self._user_on_lost is not None:
+                self._user_on_lost(error)
+        finally:
+            loop = self._loop
+            if loop is not None:
+                try:
+                    loop.call_soon_threadsafe(self._heard, error)
+                except RuntimeError:
+                    pass  # the loop is closed: no body runs any more
+
+    def _heard(self, error: LockLost) -> None:
+        self.lost = error
+        if self._in_body:
+            self._cancel()
+
+    def enter_body(self) -> None:
+        """Acquired: the body runs from now on. A loss the loop heard of meanwhile cancels it at once."""
+        self._in_body = True
+        if self.lost is not None:
+            self._cancel()
+
+    def _cancel(self) -> None:
+        if not self._cancelled and self._task is not None:
+            self._cancelled = True
+            self._task.cancel(f"fastlease: the lease on {cast(LockLost, self.lost).key!r} was lost")
+
+    def leave_body(self) -> bool:
+        """The body ended: no cancellation from now on. True if it was cancelled by the loss alone
+        (the cancellation is taken back); False if not cancelled, or also cancelled from elsewhere."""
+        self._in_body = False
+        if not self._cancelled:
+            return False
+        return cast("asyncio.Task[object]", self._task).uncancel() == 0

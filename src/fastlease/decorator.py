@@ -25,6 +25,8 @@ TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:
     from typing import Any, Awaitable, Callable, Coroutine, Optional, ParamSpec, TypeVar
 
+    from .aio import DistributedLock
+
     _P = ParamSpec("_P")
     _R = TypeVar("_R")
 
@@ -35,7 +37,7 @@ __all__ = ["distributed_lock"]
 class _LockSpec:
     """Everything a decorated function's calls share; ``guard`` builds one call's lease."""
 
-    __slots__ = ("client", "table", "call_key", "options")
+    __slots__ = ("client", "table", "call_key", "options", "cancel_on_lost")
 
     def __init__(
         self,
@@ -43,15 +45,24 @@ class _LockSpec:
         table: str,
         call_key: Any,
         options: LeaseOptions,
+        cancel_on_lost: bool,
     ) -> None:
         self.client = client
         self.table = table
         self.call_key = call_key
         self.options = options  # validated once, at decoration
+        self.cancel_on_lost = cancel_on_lost
 
     def guard(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> SyncDistributedLock:
         key = self.call_key.resolve(args, kwargs)
         return SyncDistributedLock.with_options(self.client, table=self.table, key=key, options=self.options)
+
+    def async_guard(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> DistributedLock:
+        from .aio import DistributedLock
+
+        key = self.call_key.resolve(args, kwargs)
+        return DistributedLock.with_options(self.client, table=self.table, key=key, options=self.options,
+                                            cancel_on_lost=self.cancel_on_lost)
 
 
 def _bind_template(core: Any, template: Any, fn: Callable[..., Any]) -> Any:
@@ -111,6 +122,7 @@ def distributed_lock(
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
     max_hold: Optional[float] = None,
     on_lost: Optional[Callable[[LockLost], object]] = None,
+    cancel_on_lost: bool = False,
 ) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
     """Hold a lease on ``key`` (a template over the function's arguments) during each call.
 
@@ -120,6 +132,9 @@ def distributed_lock(
     stays a coroutine function (it waits on worker threads, as :class:`~fastlease.DistributedLock`).
     ``lease_duration``, ``wait_timeout`` and ``max_hold`` (seconds) and ``on_lost`` are as for
     :class:`~fastlease.SyncDistributedLock`, and so are the exceptions of each call's release.
+    ``cancel_on_lost=True`` (``async def`` only, as :class:`~fastlease.DistributedLock`'s): a call whose
+    lease is lost is cancelled at its next ``await`` and raises ``LockLost``. A thread cannot be stopped
+    safely, so a ``def`` gets a TypeError at decoration: check ``lease.raise_if_lost()`` between steps.
 
     Raises TypeError or ValueError at decoration for bad arguments, for a placeholder that names no
     regular argument of the function, and for generator functions; at a call, TypeError or ValueError
@@ -128,6 +143,8 @@ def distributed_lock(
     check_client(client)
     core = client.engine_module
     options = LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold, on_lost)
+    if type(cancel_on_lost) is not bool:
+        raise TypeError(f"cancel_on_lost must be True or False, got {cancel_on_lost!r:.80}")
     check_table(table)
     template = core.KeyTemplate(key)
 
@@ -141,10 +158,15 @@ def distributed_lock(
             )
         if not callable(fn):
             raise TypeError(f"distributed_lock wraps functions, got {type(fn).__name__}")
-        spec = _LockSpec(client, table, _bind_template(core, template, fn), options)
+        spec = _LockSpec(client, table, _bind_template(core, template, fn), options, cancel_on_lost)
         if inspect.iscoroutinefunction(fn):
             # An async def's _R is its coroutine; the wrapper returns a coroutine of the same result.
             return cast("Callable[_P, _R]", _async_wrapper(fn, spec))
+        if cancel_on_lost:
+            raise TypeError(
+                f"cancel_on_lost=True needs an async def, and {fn.__qualname__} is a def: a thread cannot be "
+                "stopped safely; call lease.raise_if_lost() between its steps instead (docs/failure-model.md)"
+            )
         return _sync_wrapper(fn, spec)
 
     return decorate
@@ -160,11 +182,9 @@ def _sync_wrapper(fn: Callable[_P, _R], spec: _LockSpec) -> Callable[_P, _R]:
 
 
 def _async_wrapper(fn: Callable[_P, Awaitable[_R]], spec: _LockSpec) -> Callable[_P, Coroutine[Any, Any, _R]]:
-    from .aio import DistributedLock
-
     @functools.wraps(fn)
     async def locked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        async with DistributedLock._from_guard(spec.guard(args, kwargs)):
+        async with spec.async_guard(args, kwargs):
             return await fn(*args, **kwargs)
 
     return locked

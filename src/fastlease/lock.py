@@ -221,6 +221,15 @@ class LeaseView:
         until_ns = self._lease.valid_until_ns()
         return until_ns / 1e9 if until_ns else None
 
+    def remaining(self) -> float:
+        """Seconds of local validity left, on the client's clock (no request): 0.0 when the lease is not
+        valid now. Sync code, which cannot be interrupted safely, bounds its next step by it: start a
+        step only if it fits, then check again (``raise_if_lost``); renewals move the end on."""
+        until_ns = self._lease.valid_until_ns()
+        if not until_ns:
+            return 0.0
+        return max(0.0, (until_ns - self._lease.client.clock.monotonic_ns()) / 1e9)  # the client's clock
+
     def raise_if_lost(self) -> None:
         """Raise :class:`~fastlease.exceptions.LockLost` unless ownership is still valid (no request):
         with the loss's cause, or ``not_held`` before the acquisition and after the release."""
