@@ -43,8 +43,8 @@ working directory, the same moto state and the same Redis data, so an example th
 There is no marker that skips a block. Blocks in other languages are not executed, but every ```json
 block must parse, and every relative link must point to an existing file (and heading, for links into
 another Markdown file). The Lua scripts and SQL statements that ``docs/protocol.md`` quotes must still
-be in the store modules (Redis; SQLite or PostgreSQL), word for word. The README's Redis fencing script
-(``FENCED_WRITE``) also runs on its own in ``tests/stores/test_redis.py``.
+be in the store modules (Redis; SQLite or PostgreSQL), word for word. The README's Redis fencing example
+uses ``fastlease.fencing``, whose refusals ``tests/test_fencing.py`` checks.
 """
 
 from __future__ import annotations

@@ -228,7 +228,8 @@ class LeaseView:
         until_ns = self._lease.valid_until_ns()
         if not until_ns:
             return 0.0
-        return max(0.0, (until_ns - self._lease.client.clock.monotonic_ns()) / 1e9)  # the client's clock
+        now_ns: int = self._lease.client.clock.monotonic_ns()  # the client's clock, as validity's
+        return max(0.0, (until_ns - now_ns) / 1e9)
 
     def raise_if_lost(self) -> None:
         """Raise :class:`~fastlease.exceptions.LockLost` unless ownership is still valid (no request):
