@@ -121,3 +121,26 @@ def test_bad_arguments_are_refused_with_the_value(make_client, tmp_path):
             sql_fence({}, "report", lease)
         with pytest.raises(ValueError, match=r"fields must be a non-empty mapping without 'fence'"):
             redis_fenced_write(None, "k", {"fence": 1}, lease)
+
+
+def test_dynamodb_fenced_put_refuses_the_paused_holder_and_writes_nothing(make_client, store, in_process_aws_session):
+    from moto import mock_aws
+
+    from fastlease.fencing import dynamodb_fenced_put
+
+    paused, successor = _paused_and_successor(make_client, store)  # leases on one store, writes to another
+    with mock_aws():
+        dynamodb = in_process_aws_session.client("dynamodb")
+        dynamodb.create_table(TableName="reports", BillingMode="PAY_PER_REQUEST",
+                              KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+                              AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}])
+        dynamodb_fenced_put(dynamodb, "reports", {"id": {"S": "r"}, "value": {"S": "from A, before B"}}, paused)
+        dynamodb_fenced_put(dynamodb, "reports", {"id": {"S": "r"}, "value": {"S": "from B"}}, successor)
+        with pytest.raises(LockLost, match=r"write to DynamoDB table 'reports' refused: a holder with a newer "
+                                           r"fencing token than 1 has written") as info:
+            dynamodb_fenced_put(dynamodb, "reports", {"id": {"S": "r"}, "value": {"S": "from A, after B"}}, paused)
+        assert info.value.cause == "stolen"
+        stored = dynamodb.get_item(TableName="reports", Key={"id": {"S": "r"}}, ConsistentRead=True)["Item"]
+        assert stored == {"id": {"S": "r"}, "value": {"S": "from B"}, "fence": {"N": str(successor.fencing_token)}}
+        with pytest.raises(ValueError, match=r"item must not carry 'fence'"):
+            dynamodb_fenced_put(dynamodb, "reports", {"id": {"S": "r"}, "fence": {"N": "9"}}, successor)

@@ -11,6 +11,11 @@ destinations users have, each in one atomic step of that destination:
   the table once with ``create_sql_fence_table``.
 * ``redis_fenced_write(redis, key, fields, lease)``: one script that sets the fields of the hash ``key``
   and its ``fence`` field only if the lease's token is not lower than the one stored there.
+* ``dynamodb_fenced_put(dynamodb, table, item, lease)``: a PutItem of your item, its ``fence`` attribute
+  set to the token, conditioned on the stored item having no fence or one not newer;
+  ``dynamodb_fence_condition(lease)`` is that condition, for your own UpdateItem or transaction.
+
+The destination need not be the lease's store: a lease on Redis can fence writes to DynamoDB.
 
 Each refuses with :class:`~fastlease.exceptions.LockLost`, cause ``stolen`` (a newer holder has written),
 and checks ``lease.raise_if_lost()`` first, so a lease known to be lost writes nothing. A token equal to
@@ -26,7 +31,8 @@ from typing import Any, Mapping, Union
 
 from .exceptions import LockLost
 
-__all__ = ["create_sql_fence_table", "redis_fenced_write", "sql_fence", "DEFAULT_FENCE_TABLE"]
+__all__ = ["DEFAULT_FENCE_TABLE", "create_sql_fence_table", "dynamodb_fence_condition", "dynamodb_fenced_put",
+           "redis_fenced_write", "sql_fence"]
 
 #: The fence table ``sql_fence`` uses unless told otherwise: one row per resource, its newest token.
 DEFAULT_FENCE_TABLE = "fastlease_fences"
@@ -110,3 +116,37 @@ def redis_fenced_write(redis: Any, key: str, fields: Mapping[str, Union[str, byt
     if not redis.eval(REDIS_FENCED_WRITE, 1, key, token, *pairs):
         raise LockLost(f"write to Redis key {key!r} refused: a holder with a newer fencing token than {token} "
                        f"has written (the lease on {lease.key!r} was taken over)", key=lease.key, cause="stolen")
+
+
+def dynamodb_fence_condition(lease: Any, attribute: str = "fence") -> dict[str, Any]:
+    """The ``ConditionExpression`` (with its names and values, as boto3's client takes them) that lets a
+    write through only if the item has no ``attribute`` or one not newer than ``lease``'s token; set the
+    attribute to ``:fence`` in the same write (``SET #fence = :fence``). A refused write raises boto3's
+    ``ConditionalCheckFailedException``: the lease was taken over."""
+    if type(attribute) is not str or not attribute:
+        raise ValueError(f"attribute must be a non-empty str, got {attribute!r:.80}")
+    return {
+        "ConditionExpression": "attribute_not_exists(#fence) OR #fence <= :fence",
+        "ExpressionAttributeNames": {"#fence": attribute},
+        "ExpressionAttributeValues": {":fence": {"N": str(_token(lease))}},
+    }
+
+
+def dynamodb_fenced_put(dynamodb: Any, table: str, item: Mapping[str, Any], lease: Any, *,
+                        attribute: str = "fence") -> None:
+    """PutItem of ``item`` (typed, as boto3's client takes it: ``{"id": {"S": "r"}}``) into ``table``, with
+    ``attribute`` set to ``lease``'s fencing token, only if the stored item has none or one not newer;
+    else raise LockLost (cause ``stolen``) and write nothing. ``dynamodb`` is a boto3 DynamoDB client."""
+    if attribute in item:
+        raise ValueError(f"item must not carry {attribute!r}: the helper sets it to the lease's fencing token")
+    condition = dynamodb_fence_condition(lease, attribute)
+    token_value = condition["ExpressionAttributeValues"][":fence"]
+    try:
+        dynamodb.put_item(TableName=table, Item={**item, attribute: token_value}, **condition)
+    except Exception as error:
+        code = getattr(error, "response", {}).get("Error", {}).get("Code")
+        if code != "ConditionalCheckFailedException":
+            raise
+        raise LockLost(f"write to DynamoDB table {table!r} refused: a holder with a newer fencing token than "
+                       f"{token_value['N']} has written (the lease on {lease.key!r} was taken over)",
+                       key=lease.key, cause="stolen") from error
