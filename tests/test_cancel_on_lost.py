@@ -12,7 +12,8 @@ from helpers.loops import run
 from helpers.waiting import wait_until
 
 BOUND_S = 10.0  # how long a body's work would run if nothing cancelled it
-LEASE_S = 0.3  # renewed every 0.1 s: the renewal after the theft finds the row gone
+LEASE_S = 1.0  # renewed every 0.33 s, valid 0.9 s: the renewal after the theft finds the row gone (stolen),
+# with 0.57 s to spare before a late renewal would find the lease expired instead
 
 
 def test_a_lost_lease_cancels_the_body_and_the_block_ends_with_lock_lost(make_client, store):
