@@ -32,7 +32,16 @@ from ._offloop import consume, run, run_to_completion, shielded
 from ._typing import cast
 from .client import LeaseClient
 from .exceptions import LockLost
-from .lock import DEFAULT_LEASE_DURATION, DEFAULT_WAIT_TIMEOUT, LeaseOptions, LeaseView, SyncDistributedLock
+from .lock import (
+    DEFAULT_LEASE_DURATION,
+    DEFAULT_WAIT_TIMEOUT,
+    LeaseOptions,
+    LeaseView,
+    SyncDistributedLock,
+    check_cancel_on_lost,
+    check_client,
+    guard_options,
+)
 
 __all__ = ["DistributedLock"]
 
@@ -63,32 +72,25 @@ class DistributedLock(LeaseView):
         on_lost: Optional[Callable[[LockLost], object]] = None,
         cancel_on_lost: bool = False,
     ) -> None:
-        canceller = _BodyCanceller.for_option(cancel_on_lost, on_lost)
-        self._adopt(SyncDistributedLock(
-            client, table=table, key=key, lease_duration=lease_duration, wait_timeout=wait_timeout,
-            max_hold=max_hold, on_lost=on_lost if canceller is None else canceller.on_lost,
-        ), canceller)
+        options = guard_options(lease_duration, wait_timeout, max_hold, on_lost)  # as the sync guard's
+        self._build(check_client(client), table, key, options, cancel_on_lost)
 
     @classmethod
     def with_options(cls, client: LeaseClient, *, table: str, key: str, options: LeaseOptions,
                      cancel_on_lost: bool = False) -> Self:
         """A guard from options validated once for many guards (as ``SyncDistributedLock.with_options``)."""
-        canceller = _BodyCanceller.for_option(cancel_on_lost, options.on_lost)
+        lock = cls.__new__(cls)
+        lock._build(client, table, key, options, cancel_on_lost)
+        return lock
+
+    def _build(self, client: LeaseClient, table: str, key: str, options: LeaseOptions, cancel_on_lost: bool) -> None:
+        """The sync guard whose steps run on worker threads; with ``cancel_on_lost``, its ``on_lost`` is
+        the canceller's, which calls the caller's first."""
+        canceller = _BodyCanceller(options.on_lost) if check_cancel_on_lost(cancel_on_lost) else None
         if canceller is not None:
             options = options._replace(on_lost=canceller.on_lost)
-        lock = cls.__new__(cls)
-        lock._adopt(SyncDistributedLock.with_options(client, table=table, key=key, options=options), canceller)
-        return lock
-
-    @classmethod
-    def _from_guard(cls, guard: SyncDistributedLock) -> Self:
-        lock = cls.__new__(cls)
-        lock._adopt(guard, None)
-        return lock
-
-    def _adopt(self, guard: SyncDistributedLock, canceller: Optional[_BodyCanceller]) -> None:
-        self._guard = guard  # the sync guard whose steps run on worker threads
-        self._lease = guard._lease  # what the shared members (LeaseView) read
+        self._guard = SyncDistributedLock.with_options(client, table=table, key=key, options=options)
+        self._lease = self._guard._lease  # what the shared members (LeaseView) read
         self._canceller = canceller  # cancel_on_lost's, else None
 
     async def acquire(self) -> Self:
@@ -145,16 +147,6 @@ class _BodyCanceller:
     method but ``on_lost`` runs on the event loop's thread, so its fields need no lock."""
 
     __slots__ = ("_user_on_lost", "_loop", "_task", "_in_body", "lost", "_cancelled")
-
-    @classmethod
-    def for_option(cls, cancel_on_lost: object, on_lost: Optional[Callable[[LockLost], object]]
-                   ) -> Optional[_BodyCanceller]:
-        """A canceller for ``cancel_on_lost=True`` (calling ``on_lost`` first), None for False."""
-        if type(cancel_on_lost) is not bool:
-            raise TypeError(f"cancel_on_lost must be True or False, got {cancel_on_lost!r:.80}")
-        if on_lost is not None and not callable(on_lost):
-            raise TypeError(f"on_lost must be a callable taking a LockLost, got {type(on_lost).__name__}")
-        return cls(on_lost) if cancel_on_lost else None
 
     def __init__(self, on_lost: Optional[Callable[[LockLost], object]]) -> None:
         self._user_on_lost = on_lost

@@ -17,6 +17,7 @@ from .lock import (
     DEFAULT_WAIT_TIMEOUT,
     LeaseOptions,
     SyncDistributedLock,
+    check_cancel_on_lost,
     check_client,
 )
 from .stores.base import check_table
@@ -143,8 +144,7 @@ def distributed_lock(
     check_client(client)
     core = client.engine_module
     options = LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold, on_lost)
-    if type(cancel_on_lost) is not bool:
-        raise TypeError(f"cancel_on_lost must be True or False, got {cancel_on_lost!r:.80}")
+    check_cancel_on_lost(cancel_on_lost)
     check_table(table)
     template = core.KeyTemplate(key)
 

@@ -106,6 +106,14 @@ def guard_options(lease_duration: Any, wait_timeout: Any, max_hold: Any, on_lost
     return LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold, on_lost)
 
 
+def check_cancel_on_lost(cancel_on_lost: object) -> bool:
+    """Return ``cancel_on_lost`` if it is True or False, else raise TypeError (the async guard's and the
+    decorator's option)."""
+    if type(cancel_on_lost) is not bool:
+        raise TypeError(f"cancel_on_lost must be True or False, got {cancel_on_lost!r:.80}")
+    return cancel_on_lost
+
+
 def check_client(client: object) -> LeaseClient:
     """Return ``client`` if it is a fastlease client (a ``LeaseClient``), else raise TypeError."""
     if not isinstance(client, LeaseClient):
