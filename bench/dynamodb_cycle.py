@@ -1,5 +1,6 @@
 """Uncontended acquire+release cycles against one serialised moto server, side by side in one run:
-fastlease on its fast request path, fastlease on plain boto3 (``fast_path=False``), and pydynox 1.8.0.
+fastlease on its fast request path, the same with fencing tokens (``fencing=True``: the acquisition is one
+TransactWriteItems), fastlease on plain boto3 (``fast_path=False``), and pydynox 1.8.0.
 
 For each: cycles/s (wall), client CPU µs per cycle (``time.process_time`` of this process, all its
 threads, so pydynox's Rust runtime threads count too; the server is another process), and requests
@@ -26,10 +27,12 @@ TABLE = "bench_locks"
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
 
 
-def fastlease_runner(endpoint: str, fast_path: bool) -> tuple[Callable[[int], int], Callable[[], None]]:
-    client = DynamoDBClient(session=boto3.session.Session(**CREDENTIALS), endpoint_url=endpoint, fast_path=fast_path)
+def fastlease_runner(endpoint: str, fast_path: bool,
+                     fencing: bool = False) -> tuple[Callable[[int], int], Callable[[], None]]:
+    client = DynamoDBClient(session=boto3.session.Session(**CREDENTIALS), endpoint_url=endpoint, fast_path=fast_path,
+                            fencing=fencing)
     assert client.transport == ("fast" if fast_path else "boto3")
-    key = f"bench-{client.transport}"
+    key = f"bench-{client.transport}-{fencing}"
 
     def run(cycles: int) -> int:
         requests = 0
@@ -77,6 +80,7 @@ def main() -> int:
         )
         contenders: dict[str, tuple[Callable[[int], int], Callable[[], None]]] = {
             "fastlease fast": fastlease_runner(endpoint, True),
+            "fastlease fencing": fastlease_runner(endpoint, True, fencing=True),
             "fastlease boto3": fastlease_runner(endpoint, False),
         }
         try:
@@ -110,7 +114,7 @@ def main() -> int:
               f"{requests[name] / total:>16.2f}")
     for name in medians:
         if name.startswith("pydynox"):
-            for ours in ("fastlease fast", "fastlease boto3"):
+            for ours in ("fastlease fast", "fastlease fencing", "fastlease boto3"):
                 # Each round ran the contenders back to back, so a round's own ratio is the least disturbed by
                 # the machine's speed drifting between rounds; its median and range say how steady it was.
                 paired = sorted(a / b for a, b in zip(cpu[ours], cpu[name]))

@@ -105,7 +105,8 @@ def test_a_lease_without_a_fencing_token_is_refused_never_written_unfenced(fastl
     with SyncDistributedLock(fastlease_dynamodb_client, table="locks", key="report") as lease:
         assert lease.fencing_token is None  # protocol v1 rows keep none
         with pytest.raises(ValueError, match=r"lease on 'report' has no fencing token \(None\): its store keeps "
-                                             r"none \(DynamoDB\); use check_in"):
+                                             r"none \(DynamoDB without fencing\): make the client with "
+                                             r"DynamoDBClient\(fencing=True\)"):
             _write_report(destination, lease, "unfenced")
     assert destination.execute("SELECT count(*) FROM fastlease_fences").fetchone() == (0,)
 

@@ -56,6 +56,17 @@ def test_literal_template_is_checked_once_at_parse(core):
         core.KeyTemplate("x" * 2049)
 
 
+def test_a_key_beginning_with_nul_is_reserved_on_every_store(core, make_client):
+    # DynamoDB's fencing counters live under NUL-prefixed keys of the lock table: no lease key may name one.
+    for make in (lambda: core.check_key("\x00fence\x00abc"), lambda: core.KeyTemplate("\x00"),
+                 lambda: core.KeyTemplate("{x}").resolve(("\x00x",))):
+        with pytest.raises(ValueError, match=r"must not begin with NUL \(keys that do are fastlease's own\)"):
+            make()
+    assert core.check_key("a\x00b") == "a\x00b"  # NUL elsewhere stays a key like any other
+    with SyncDistributedLock(make_client(), table="locks", key="a\x00b") as lease:
+        assert lease.key == "a\x00b"
+
+
 @pytest.mark.parametrize("value", [5, None, b"x", True, 1.5, ["x"]])
 def test_non_str_values_raise_type_error_naming_the_argument(core, value):
     with pytest.raises(TypeError, match="'customer_id' must be a str"):

@@ -55,7 +55,8 @@ def _token(lease: Any) -> int:
     token = lease.fencing_token
     if type(token) is not int or token < 1:
         raise ValueError(f"lease on {lease.key!r} has no fencing token ({token!r}): its store keeps none "
-                         "(DynamoDB); use check_in in a transaction of that store instead")
+                         "(DynamoDB without fencing): make the client with DynamoDBClient(fencing=True), or use "
+                         "check_in in a transaction of that store instead")
     return token
 
 

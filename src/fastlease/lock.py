@@ -199,7 +199,8 @@ class LeaseView:
     @property
     def fencing_token(self) -> Optional[int]:
         """This acquisition's fencing token once held: an int that every acquisition and takeover of
-        the key increases, on stores that keep one (SQLite, Redis, memory); None on DynamoDB protocol v1.
+        the key increases, on stores that keep one (SQLite, PostgreSQL, Redis, memory, and DynamoDB with
+        ``fencing=True``); None on DynamoDB without it.
         Pass it to whatever the lease protects and have that refuse a token lower than one it has seen."""
         self._lease.check_process()
         token: Optional[int] = self._lease.fencing_token

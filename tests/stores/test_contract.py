@@ -28,14 +28,14 @@ def memory_store() -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def dynamodb_mock_store(request: pytest.FixtureRequest) -> Iterator[Any]:
+def dynamodb_mock_store(request: pytest.FixtureRequest, fencing: bool = False) -> Iterator[Any]:
     """DynamoDB through boto3 under moto's in-process mock_aws."""
     from moto import mock_aws
 
     from fastlease.dynamodb import DynamoDBClient
 
     with mock_aws():
-        client = DynamoDBClient(session=request.getfixturevalue("in_process_aws_session"))
+        client = DynamoDBClient(session=request.getfixturevalue("in_process_aws_session"), fencing=fencing)
         assert client.transport == "fast"  # answered in-process through before-send
         for table in ("locks", "other"):
             client.create_lock_table(table)
@@ -47,13 +47,14 @@ def dynamodb_mock_store(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def dynamodb_server_store(request: pytest.FixtureRequest, fast_path: bool = True) -> Iterator[Any]:
+def dynamodb_server_store(request: pytest.FixtureRequest, fast_path: bool = True,
+                          fencing: bool = False) -> Iterator[Any]:
     """DynamoDB against the serialised moto server in another process."""
     from fastlease.dynamodb import DynamoDBClient
 
     endpoint = request.getfixturevalue("moto_endpoint")
     client = DynamoDBClient(session=request.getfixturevalue("moto_session"), endpoint_url=endpoint,
-                            fast_path=fast_path)
+                            fast_path=fast_path, fencing=fencing)
     assert client.transport == ("fast" if fast_path else "boto3")
     for table in ("locks", "other", RECORDS):
         if client.lock_table_exists(table):
@@ -145,6 +146,8 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "dynamodb-mock": dynamodb_mock_store,
     "dynamodb-server": dynamodb_server_store,
     "dynamodb-server-boto3": lambda request: dynamodb_server_store(request, fast_path=False),
+    "dynamodb-fencing-mock": lambda request: dynamodb_mock_store(request, fencing=True),
+    "dynamodb-fencing-server": lambda request: dynamodb_server_store(request, fencing=True),
     "sqlite": sqlite_store,
     "redis": redis_store,
     "redis-own-connection": redis_own_connection_store,
@@ -153,9 +156,10 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
 }
 #: In-process moto (mock_aws) does not make a conditional write atomic against concurrent threads
 #: (moto's limitation, not the adapter's), so the race test runs where the store itself is atomic.
-ATOMIC_STORES = sorted(set(STORES) - {"dynamodb-mock"})
+ATOMIC_STORES = sorted(set(STORES) - {"dynamodb-mock", "dynamodb-fencing-mock"})
 #: Stores that need a server process: their cases are marked ``server`` (the wheel tests deselect them).
-SERVER_STORES = {"dynamodb-server", "dynamodb-server-boto3", "redis", "redis-own-connection", "redis-cluster",
+SERVER_STORES = {"dynamodb-server", "dynamodb-server-boto3", "dynamodb-fencing-server",
+                 "redis", "redis-own-connection", "redis-cluster",
                  "postgres"}
 #: Stores whose keys cannot hold NUL (PostgreSQL's text type): they refuse such a key with ValueError,
 #: before any request, rather than store something else.
@@ -273,6 +277,9 @@ def test_fencing_tokens_strictly_increase_and_survive_release_or_are_absent(stor
     tokens.append(store.put_if_absent("locks", "other", "o4", "v5", 1000, T, USAGE))  # another key
     if tokens[0] == 0:  # a store without fencing (DynamoDB protocol v1): 0, and rows carry None
         assert tokens == [0, None, 0, None, 0, 0]
+    elif getattr(store, "fencing", False):  # DynamoDB's counter item: increasing, not dense (protocol.md)
+        assert [type(token) for token in tokens] == [int] * 6
+        assert tokens[0] == tokens[1] < tokens[2] == tokens[3] < tokens[4]
     else:
         assert [type(token) for token in tokens] == [int] * 6
         assert tokens == [1, 1, 2, 2, 3, 1]

@@ -18,7 +18,8 @@ BUILT_FROM = "" if __file__.endswith((".py", ".pyc")) else FASTLEASE_SOURCE_CRC.
 # Lock keys, and the rows stored under them
 # ---------------------------------------------------------------------------------------------
 def check_key(key: object) -> str:
-    """Return ``key`` if it is a str of 1-2,048 UTF-8 bytes, else raise TypeError/ValueError."""
+    """Return ``key`` if it is a str of 1-2,048 UTF-8 bytes not beginning with NUL (reserved: the
+    fencing counters of DynamoDB), else raise TypeError/ValueError."""
     if type(key) is not str:  # str subclasses too: their str() may not be the value stored
         raise TypeError(f"lock key must be a str, got {type(key).__name__}: {key!r:.80}")
     if key.isascii():
@@ -30,6 +31,8 @@ def check_key(key: object) -> str:
             raise ValueError(f"lock key is not encodable as UTF-8 (lone surrogate?): {key!r:.80}") from None
     if not 1 <= size <= MAX_KEY_BYTES:
         raise ValueError(f"lock key must be 1-{MAX_KEY_BYTES} UTF-8 bytes, got {size}: {key!r:.80}")
+    if key[0] == "\x00":
+        raise ValueError(f"lock key must not begin with NUL (keys that do are fastlease's own), got {key!r:.80}")
     return key
 
 

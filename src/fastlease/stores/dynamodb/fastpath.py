@@ -398,9 +398,11 @@ class FastTransport:
             reply = _decode_object(payload.decode("utf-8", "replace"))
             code = str(reply.get("__type", "")).rpartition("#")[2]
             message_text = str(reply.get("message") or reply.get("Message") or "")
+            reasons = reply.get("CancellationReasons")
         except ValueError:
-            code, message_text = "", payload[:200].decode("utf-8", "replace")
-        raise ServiceError(code or f"HTTP{status}", message_text, status)
+            code, message_text, reasons = "", payload[:200].decode("utf-8", "replace"), None
+        raise ServiceError(code or f"HTTP{status}", message_text, status,
+                           reasons if type(reasons) is list else None)
 
     def _operation_miss(self, operation: str) -> tuple[str, str, str]:
         """(X-Amz-Target, the before-send event name as the emitter sees it, the request head up to the

@@ -12,6 +12,9 @@ delete_if_owner    DeleteItem                                  ``#owner = :owner
 read               GetItem ``ConsistentRead=True``             -
 =================  ==========================================  ==========================================
 
+With ``fencing=True`` the two acquisition writes are one TransactWriteItems each instead: the PutItem
+above, and the raise of the key's fencing counter (``_fenced_put``).
+
 Requests go through a *transport* (plain boto3 here; the fast path lives beside it) that sends one
 request with no SDK retries and a per-request timeout, and classifies failures:
 
@@ -27,7 +30,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import logging
+import time
 from typing import Any, Optional
 
 from ...exceptions import MalformedLockRow, StoreError, StoreRequestRejected
@@ -53,7 +58,19 @@ OWNER_CONDITION = "#owner = :owner"
 WAITING_CONDITION = "#owner = :owner AND #version = :version AND attribute_not_exists(#waiting)"
 WAITING_UPDATE = "SET #waiting = :waiting"
 
+#: Fencing (a client made with ``fencing=True``): each key's counter is an item of the lock table under
+#: FENCE_KEY_PREFIX + the SHA-256 of the key (user keys cannot begin with NUL: ``check_key``). An
+#: acquisition or takeover writes its row and raises the counter in one TransactWriteItems, and only
+#: to a higher value, so tokens increase however the value was chosen (docs/protocol.md, "Fencing tokens").
+FENCE_KEY_PREFIX = "\x00fence\x00"
+FENCE_CONDITION = "attribute_not_exists(#fence) OR #fence < :fence"
+FENCE_UPDATE = "SET #fence = :fence"
+#: Counters remembered per store (the last value seen of each key's), oldest forgotten first: a
+#: forgotten one costs at most one cancelled transaction when the clock's guess falls short.
+FENCES_REMEMBERED = 4096
+
 _KEY_NAME = {"#key": "key"}
+_FENCE_NAMES = {"#fence": "fence"}
 _OWNER_VERSION_NAMES = {"#owner": "owner", "#version": "version"}
 _OWNER_NAMES = {"#owner": "owner"}
 _WAITING_NAMES = {"#owner": "owner", "#version": "version", "#waiting": "waiting"}
@@ -77,6 +94,11 @@ def missing_table(named: str, detail: str, key: Optional[str] = None) -> StoreRe
         "idempotency records (and their lock table); or `fastlease create-table NAME` for a lock table", key=key)
 
 
+
+
+def fence_key(key: str) -> str:
+    """The key of the item that holds ``key``'s fencing counter, in the same table."""
+    return FENCE_KEY_PREFIX + hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def _row_item(key: str, owner: str, version: str, lease_ms: int) -> dict[str, Any]:
@@ -129,6 +151,7 @@ def parse_row(item: dict[str, Any], key: str) -> LockRow:
         _number(item, "lease_ms", key),
         _number(item, "protocol", key),
         _waiting(item, key),
+        _number(item, "fence", key) if "fence" in item else None,
     )
 
 
@@ -138,8 +161,11 @@ class DynamoDBStore:
     kind = "dynamodb"  # in stores.registry
     blocking = True  # every request goes over the network
 
-    def __init__(self, transport: Any) -> None:
+    def __init__(self, transport: Any, fencing: bool = False) -> None:
         self.transport = transport
+        #: Acquisitions also raise the key's fencing counter (TransactWriteItems; see FENCE_KEY_PREFIX).
+        self.fencing = fencing
+        self._fences: dict[tuple[str, str], int] = {}  # (table, key) -> its counter's last value seen
 
     # ---- the renewal process (fastlease._renewal_link) -------------------------------------------------
     def renewal_config(self) -> Any:
@@ -181,11 +207,7 @@ class DynamoDBStore:
             _log.debug("%s %r -> %s", operation, key, error.code)
             if error.code == "ConditionalCheckFailedException":
                 return None
-            if error.code in THROTTLING_CODES:
-                raise StoreError(f"DynamoDB {operation} throttled: {error}", key=key, maybe_committed=False) from error
-            if error.code in SERVER_ERROR_CODES or error.status >= 500:
-                raise StoreError(f"DynamoDB {operation} failed: {error}", key=key, maybe_committed=True) from error
-            raise rejection(error, operation, key, [params.get("TableName")]) from error
+            raise self._failure(operation, error, key, [params.get("TableName")]) from error
         except StoreError as error:
             _log.debug("%s %r -> %s", operation, key, error)
             error.key = key
@@ -200,17 +222,29 @@ class DynamoDBStore:
         _log.debug("%s %r -> ok", operation, key)
         return response
 
+    @staticmethod
+    def _failure(operation: str, error: ServiceError, key: str, tables: list[Any]) -> Exception:
+        """The error for a failed request other than a failed condition: StoreError when waiting can fix
+        it (throttling: not applied; server errors: maybe applied), else StoreRequestRejected."""
+        if error.code in THROTTLING_CODES:
+            return StoreError(f"DynamoDB {operation} throttled: {error}", key=key, maybe_committed=False)
+        if error.code in SERVER_ERROR_CODES or error.status >= 500:
+            return StoreError(f"DynamoDB {operation} failed: {error}", key=key, maybe_committed=True)
+        return rejection(error, operation, key, tables)
+
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
     ) -> Optional[int]:
         """PutItem of a fresh row on ``attribute_not_exists(#key)``: 0 if written (protocol v1 rows keep
-        no fencing token), else None."""
+        no fencing token), else None. With fencing, the fencing token if written (``_fenced_put``)."""
         params = {
             "TableName": table,
             "Item": _row_item(key, owner, version, lease_ms),
             "ConditionExpression": ACQUIRE_CONDITION,
             "ExpressionAttributeNames": _KEY_NAME,
         }
+        if self.fencing:
+            return self._fenced_put(table, key, params, timeout_s, usage)
         return None if self._send("PutItem", params, timeout_s, usage, key) is None else 0
 
     def replace_if(
@@ -226,7 +260,7 @@ class DynamoDBStore:
         usage: UsageMeter,
     ) -> Optional[int]:
         """PutItem of a fresh row on the observed (expected_owner, expected_version): 0 if written (no
-        fencing token), else None."""
+        fencing token), else None. With fencing, the fencing token if written (``_fenced_put``)."""
         params = {
             "TableName": table,
             "Item": _row_item(key, owner, version, lease_ms),
@@ -234,7 +268,71 @@ class DynamoDBStore:
             "ExpressionAttributeNames": _OWNER_VERSION_NAMES,
             "ExpressionAttributeValues": {":owner": {"S": expected_owner}, ":version": {"S": expected_version}},
         }
+        if self.fencing:
+            return self._fenced_put(table, key, params, timeout_s, usage)
         return None if self._send("PutItem", params, timeout_s, usage, key) is None else 0
+
+    def _fenced_put(self, table: str, key: str, put: dict[str, Any], timeout_s: float,
+                    usage: UsageMeter) -> Optional[int]:
+        """One TransactWriteItems: ``put`` (the row, on its condition) with the new fencing token in it,
+        and the key's counter raised to that token, only if it is lower. The token is the counter's last
+        value seen here plus one, or the wall clock in microseconds if higher (a guess, so that a client
+        that never saw this key needs no read first; the condition, not the clock, keeps tokens
+        increasing). The token if written; None if the row's condition failed, or the counter was
+        already at or above the token: then its value, sent back with the cancellation, is remembered,
+        and the engine's next put (after it reads the row) uses a higher one."""
+        token = max(self._fences.get((table, key), 0) + 1, time.time_ns() // 1000)
+        put["Item"]["fence"] = {"N": str(token)}
+        counter = {
+            "TableName": table,
+            "Key": {"key": {"S": fence_key(key)}},
+            "UpdateExpression": FENCE_UPDATE,
+            "ConditionExpression": FENCE_CONDITION,
+            "ExpressionAttributeNames": _FENCE_NAMES,
+            "ExpressionAttributeValues": {":fence": {"N": str(token)}},
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        params = {"TransactItems": [{"Put": put}, {"Update": counter}], "ReturnConsumedCapacity": "TOTAL"}
+        try:
+            response = self.transport.call("TransactWriteItems", params, timeout_s)
+        except ServiceError as error:
+            _log.debug("TransactWriteItems %r -> %s", key, error.code)
+            if error.code == "TransactionCanceledException":
+                if self._cancelled_by_condition(table, key, error):
+                    return None
+                raise StoreError(f"DynamoDB TransactWriteItems on {key!r}: {error}", key=key) from error
+            raise self._failure("TransactWriteItems", error, key, [table]) from error
+        except StoreError as error:
+            _log.debug("TransactWriteItems %r -> %s", key, outcome_for_log(error))
+            error.key = key
+            raise
+        for capacity in response.get("ConsumedCapacity") or ():
+            usage.add_capacity(0.0, float(capacity.get("CapacityUnits", 0.0)))
+        self._remember(table, key, token)
+        _log.debug("TransactWriteItems %r -> ok (fence %d)", key, token)
+        return token
+
+    def _cancelled_by_condition(self, table: str, key: str, error: ServiceError) -> bool:
+        """Whether a cancelled fenced put failed a condition (the row's, or the counter's: its value is
+        remembered), rather than on a conflict with another transaction (not applied: try again).
+        Without reasons in the response, the message lists the codes in the same order."""
+        reasons = error.reasons if isinstance(error.reasons, list) and len(error.reasons) == 2 else None
+        if reasons is None:
+            return "ConditionalCheckFailed" in error.message
+        counter = reasons[1] if isinstance(reasons[1], dict) else {}
+        if counter.get("Code") == "ConditionalCheckFailed":
+            try:
+                self._remember(table, key, int(counter["Item"]["fence"]["N"]))
+            except (KeyError, TypeError, ValueError):
+                pass  # no value sent back: the next guess is the clock's, later
+        return any(isinstance(reason, dict) and reason.get("Code") == "ConditionalCheckFailed" for reason in reasons)
+
+    def _remember(self, table: str, key: str, fence: int) -> None:
+        fences = self._fences
+        if fence > fences.get((table, key), 0):
+            fences[(table, key)] = fence
+            if len(fences) > FENCES_REMEMBERED:
+                del fences[next(iter(fences))]
 
     def _update_if_held(
         self, table: str, key: str, owner: str, version: str, update: str, condition: str,
@@ -291,7 +389,12 @@ class DynamoDBStore:
         params = {"TableName": table, "Key": {"key": {"S": key}}, "ConsistentRead": True}
         response = self._send("GetItem", params, timeout_s, usage, key)
         item = response.get("Item")
-        return None if item is None else parse_row(item, key)
+        if item is None:
+            return None
+        row = parse_row(item, key)
+        if row.fence is not None and row.fence > 0:
+            self._remember(table, key, row.fence)  # (the engine refuses a row whose fence is not >= 1)
+        return row
 
     # ---- idempotency records ------------------------------------------------------------------
     #: DynamoDB items are at most 400 KB, attribute names and the key included. The result is kept as
@@ -326,6 +429,8 @@ class DynamoDBStore:
                         "ExpressionAttributeValues": {":owner": {"S": record.owner}}}},
             {"Put": {"TableName": table, "Item": item}},
         ]}
+        if self.fencing:  # nothing reads an idempotent call's token: its counter goes with the row
+            params["TransactItems"].append({"Delete": {"TableName": lock_table, "Key": {"key": {"S": fence_key(key)}}}})
         try:
             self.transport.call("TransactWriteItems", params, timeout_s)
         except ServiceError as error:

@@ -28,13 +28,15 @@ TIMEOUT_BUCKETS_S = (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5
 
 
 class ServiceError(Exception):
-    """A transport's report of an error response from DynamoDB: its code, message and HTTP status."""
+    """A transport's report of an error response from DynamoDB: its code, message and HTTP status, and
+    for a cancelled transaction its ``CancellationReasons`` (one per item, in order), else None."""
 
-    def __init__(self, code: str, message: str, status: int) -> None:
+    def __init__(self, code: str, message: str, status: int, reasons: Optional[list[Any]] = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.status = status
+        self.reasons = reasons
 
 
 def import_boto3() -> Any:
@@ -90,7 +92,8 @@ class Boto3Transport:
         except ClientError as error:
             info = error.response.get("Error", {})
             status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            raise ServiceError(str(info.get("Code", "")), str(info.get("Message", "")), int(status)) from error
+            raise ServiceError(str(info.get("Code", "")), str(info.get("Message", "")), int(status),
+                               error.response.get("CancellationReasons")) from error
         except BotoCoreError as error:
             unsent = classify_unsent(operation, error)
             if unsent is not None:
