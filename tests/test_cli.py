@@ -72,6 +72,19 @@ def test_status_and_list_show_the_holder(tmp_path, held):
         "no held keys in 'empty'\n")
 
 
+def test_status_shows_an_elections_leader_and_term(tmp_path):
+    from fastlease.election import Election
+
+    client = SQLiteClient(tmp_path / "locks.db")
+    try:
+        with Election(client, table="leaders", key="scheduler", identity="worker-3").campaign() as term:
+            status = fastlease("status", "scheduler", "--table", "leaders", "--path", "locks.db", cwd=tmp_path)
+    finally:
+        client.close()
+    assert status.returncode == 0 and status.stdout.startswith(f"scheduler: held by {term.owner}, ")
+    assert f"fencing token {term.number}, leader 'worker-3' in term {term.number}" in status.stdout
+
+
 def test_release_needs_force_and_removes_only_the_row_printed(tmp_path, held):
     refused = fastlease("release", "import:daily", "--table", "locks", "--path", "locks.db", cwd=tmp_path)
     one_line_error(refused, f"would remove import:daily: held by {held.owner}")

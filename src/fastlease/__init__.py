@@ -18,13 +18,16 @@ TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:  # type checkers see the lazily loaded names (below) as what they are
     from .aio import DistributedLock
     from .dynamodb import DynamoDBClient
+    from .election import AsyncElection, Election
     from .postgres import PostgresClient
     from .redis import RedisClient
     from .sqlite import SQLiteClient
 
 __all__ = [
+    "AsyncElection",
     "DistributedLock",
     "DynamoDBClient",
+    "Election",
     "IMPLEMENTATION",
     "FastleaseError",
     "LeaseMetrics",
@@ -49,7 +52,8 @@ def _lazy_names() -> dict[str, str]:
     from .stores.registry import BACKENDS
 
     clients = {backend.client_name: backend.client.split(":")[0] for backend in BACKENDS.values()}
-    return {"DistributedLock": "fastlease.aio", **{name: module for name, module in clients.items()
+    return {"DistributedLock": "fastlease.aio", "Election": "fastlease.election", "AsyncElection": "fastlease.election",
+            **{name: module for name, module in clients.items()
                                                    if name not in globals()}}
 
 

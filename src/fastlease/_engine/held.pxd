@@ -48,6 +48,7 @@ cdef class HeldLease(Renewable):
     cdef readonly int state
     cdef readonly object lost_cause
     cdef readonly object owner
+    cdef public str owner_prefix
     cdef readonly object version
     cdef readonly object fencing_token
     cdef int64_t _valid_until_mono_ns

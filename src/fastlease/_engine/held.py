@@ -105,6 +105,9 @@ class HeldLease(Renewable):
         self.lost_cause: Optional[str] = None
         # Written once by the caller's thread before renewal is scheduled; read-only afterwards.
         self.owner: Optional[str] = None
+        # Put before each new owner id (an election's candidate identity and "/"; else empty): set
+        # before the acquisition, by the layer above.
+        self.owner_prefix = ""
         # Written under _mutex by whichever thread confirms a write (acquire: caller; renew: renewal).
         self.version: Optional[str] = None
         # The store's fencing token of this acquisition (strictly increasing per key), where the store

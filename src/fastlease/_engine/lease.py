@@ -293,7 +293,7 @@ class Lease(HeldLease):
 
     def _acquisition_write(self, deadline_ns: int, seen_owner: Optional[str], seen_version: Optional[str]) -> bool:
         """Write a fresh row: a put if absent, or (with a seen row) a takeover conditioned on it."""
-        owner, version = new_token(), new_token()
+        owner, version = self.owner_prefix + new_token(), new_token()
         mono_ns, wall_ns = self._mono(), self._wall()  # the stamp validity counts from
         timeout_s = self._timeout_s(deadline_ns, mono_ns)
         self._writes += 1
