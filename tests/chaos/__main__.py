@@ -1,10 +1,12 @@
-"""``python -m tests.chaos --store S --seconds N``: one chaos run; exit status 1 on any violation."""
+"""``python -m tests.chaos --store S --seconds N``: one chaos run; exit status 1 on any violation.
+``--election`` runs the election drill (``election_drill.py``) instead."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from . import election_drill
 from .harness import RECOVERY_BOUND_S, STORES, run
 
 
@@ -18,7 +20,10 @@ def main() -> int:
                         "mixed): kill_holder, kill_waiter, pause_holder, clock_jump, lost_response, late_commit, "
                         "stall, partition, reset (DynamoDB, Redis), drop_connection (PostgreSQL, Redis Cluster), "
                         "migrate_slot (Redis Cluster)")
+    parser.add_argument("--election", action="store_true", help="the election drill: leaders killed and paused")
     args = parser.parse_args()
+    if args.election:
+        return _elections(args.store, args.seconds, args.seed)
     failed = False
     for store in (STORES if args.store == "all" else (args.store,)):
         report = run(store, args.seconds, workers=args.workers, seed=args.seed,
@@ -34,6 +39,16 @@ def main() -> int:
         bad = (report["lost_updates"] or report["double_commits"] or report["stale_commits"]
                or report["worst_recovery_s"] > RECOVERY_BOUND_S or report["commits"] == 0)
         failed = failed or bool(bad)
+    return 1 if failed else 0
+
+
+def _elections(store: str, seconds: float, seed: int | None) -> int:
+    failed = False
+    for each in (election_drill.STORES if store == "all" else (store,)):
+        report = election_drill.run(each, seconds, seed=seed, say=lambda line: print(line, flush=True))
+        print(election_drill.line(report), flush=True)
+        failed = failed or bool(report["overlaps"] or report["decreasing"] or report["terms"] == 0
+                                or report["worst_failover_s"] > election_drill.FAILOVER_BOUND_S)
     return 1 if failed else 0
 
 

@@ -10,11 +10,13 @@ import pytest
 
 from helpers.waiting import wait_until
 
-from . import workload
+from . import election_drill, workload
 from .harness import RECOVERY_BOUND_S, _check, run
 from .proxy import FaultProxy
 
 #: Seconds of faults per store. The Redis Cluster's run also starts three nodes (about 3 s).
+#: Seconds of each store's election drill.
+ELECTION_SECONDS = 10.0
 SECONDS = {"memory": 10.0, "sqlite": 14.0, "redis": 14.0, "redis-cluster": 9.0, "dynamodb": 16.0, "postgres": 14.0}
 
 
@@ -43,6 +45,39 @@ def test_mutual_exclusion_holds_under_faults(store, request):
     assert report["kills"] + report["pauses"] + report["injected"] + report["clock_jumps"] >= 3, report
     assert (report["lost_updates"], report["double_commits"], report["stale_commits"]) == (0, 0, 0), report.line()
     assert report["worst_recovery_s"] <= RECOVERY_BOUND_S, report.line()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", [
+    pytest.param("sqlite", marks=pytest.mark.posix),
+    pytest.param("redis", marks=[pytest.mark.server, pytest.mark.posix]),
+    pytest.param("redis-cluster", marks=[pytest.mark.server, pytest.mark.posix]),
+    pytest.param("dynamodb", marks=[pytest.mark.server, pytest.mark.posix]),
+    pytest.param("postgres", marks=[pytest.mark.server, pytest.mark.posix]),
+])
+def test_no_two_leaders_at_once_and_terms_rise_under_kills_and_pauses(store, request):
+    fixture = {"redis": "redis_url", "redis-cluster": "redis_cluster_url", "postgres": "postgres_dsn"}.get(store)
+    if fixture is not None:
+        request.getfixturevalue(fixture)  # skips (or fails under CI=true) without the server
+    lines: list[str] = []
+    report = election_drill.run(store, ELECTION_SECONDS, say=lines.append)
+    print(election_drill.line(report))
+    assert report["kills"] + report["pauses"] >= 2 and report["terms"] >= 3, report
+    assert (report["overlaps"], report["decreasing"]) == ([], 0), election_drill.line(report)
+    assert report["worst_failover_s"] <= election_drill.FAILOVER_BOUND_S, election_drill.line(report)
+
+
+def test_the_election_checker_catches_overlaps_old_terms_and_no_successor():
+    clean = [("elected", 1, 0.0), ("valid", 1, 0.9), ("ending", 1, 0.5), ("elected", 2, 0.6), ("valid", 2, 1.5)]
+    assert election_drill.check(clean, [])["overlaps"] == []  # the ending cuts term 1's claim at 0.5
+    overlap = [("elected", 1, 0.0), ("valid", 1, 0.9), ("elected", 2, 0.6)]  # killed: its claim stands
+    assert election_drill.check(overlap, [])["overlaps"] == [(1, 2, pytest.approx(0.3))]
+    backwards = [("elected", 2, 0.0), ("ending", 2, 0.1), ("elected", 1, 0.2)]
+    assert election_drill.check(backwards, [])["decreasing"] == 1
+    twice = [("elected", 1, 0.0), ("ending", 1, 0.1), ("elected", 1, 0.2)]
+    assert election_drill.check(twice, [])["decreasing"] >= 1
+    assert election_drill.check(clean, [(0.55, "kill_leader")])["worst_failover_s"] == pytest.approx(0.05)
+    assert election_drill.check(clean, [(0.7, "kill_leader")])["worst_failover_s"] == float("inf")
 
 
 def test_the_checker_catches_each_violation():
