@@ -330,6 +330,45 @@ def test_async_spans_belong_to_the_tasks_current_span(core, recorded):
     assert [span.parent.span_id if span.parent else None for span in spans] == [request_id, request_id]
 
 
+def test_an_elections_terms_are_spans_and_its_leaders_sum_to_one_then_zero(new_client, store_kind, recorded):
+    from fastlease.election import Election
+
+    client = new_client()
+    recorded.instrument(client)
+    election = Election(client, table="leaders", key="scheduler", identity="node-1", lease_duration=5)
+    with election.campaign() as first:
+        assert recorded.points("fastlease.election.leaders") == [({"fastlease.table": "leaders",
+                                                                    "fastlease.store": store_kind}, 1)]
+    with pytest.raises(LockNotAcquired):
+        with Election(client, table="leaders", key="scheduler", identity="node-2").campaign():
+            Election(client, table="leaders", key="scheduler").campaign(wait_timeout=0)
+    lost = Election(client, table="leaders", key="lost", identity="node-1", lease_duration=5).campaign()
+    client.store.remove("leaders", "lost") if store_kind == "memory" else _steal_sqlite(client, "leaders", "lost")
+    with pytest.raises(LockLost):
+        lost.resign()
+    terms = recorded.spans("fastlease.term")
+    assert [(_attributes(span)["fastlease.election.term"], _attributes(span)["fastlease.election.identity"],
+             _attributes(span)["fastlease.election.end"], span.status.status_code) for span in terms] == [
+        (first.number, "node-1", "resigned", StatusCode.UNSET), (first.number + 1, "node-2", "resigned",
+                                                                 StatusCode.UNSET),
+        (lost.number, "node-1", "stolen", StatusCode.ERROR)]
+    labels = {"fastlease.table": "leaders", "fastlease.store": store_kind}
+    assert recorded.points("fastlease.election.leaders") == [(labels, 0)]  # none leads now
+    assert recorded.points("fastlease.election.terms") == [(labels, 3)]
+    campaigns = dict((point[0]["fastlease.outcome"], point[1][0]) for point in
+                     recorded.points("fastlease.election.campaign.duration"))
+    assert campaigns == {"elected": 3, "not_elected": 1}
+
+
+def _steal_sqlite(client, table, key):
+    """Take the row from under its holder, as another owner's takeover would."""
+    import sqlite3
+
+    with sqlite3.connect(client.store.path) as connection:
+        connection.execute(f'UPDATE "fastlease_lock_{table}" SET owner = ?, version = ? WHERE key = ?',
+                           ("thief", "v", key))
+
+
 def test_uninstrument_stops_reporting_the_leases_made_after_it(core, recorded):
     client = MemoryClient(_engine_module=core)
     recorded.instrument(client)

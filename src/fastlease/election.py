@@ -106,6 +106,35 @@ class _Candidacy:
     def prefix(self) -> str:
         return self.identity + IDENTITY_SEPARATOR
 
+    def began(self, guard: LeaseView, started: float) -> Optional[_TermReport]:
+        """Report a term won to the client's telemetry (``fastlease.otel``), if it has any."""
+        observer = self.client.engine.observer
+        if observer is None or not hasattr(observer, "term_began"):
+            return None
+        span = observer.term_began(self.table, self.key, self.identity, term_number(guard),
+                                   time.monotonic() - started)
+        return _TermReport(observer, self.table, span)
+
+    def failed(self, started: float) -> None:
+        """Report a campaign that ended without a term."""
+        observer = self.client.engine.observer
+        if observer is not None and hasattr(observer, "campaign_failed"):
+            observer.campaign_failed(self.table, time.monotonic() - started)
+
+
+class _TermReport:
+    """A term as the telemetry saw it begin; ended once, with how it ended."""
+
+    __slots__ = ("_observer", "_table", "_span")
+
+    def __init__(self, observer: Any, table: str, span: Any) -> None:
+        self._observer, self._table, self._span = observer, table, span
+
+    def ended(self, term: LeaseView) -> None:
+        span, self._span = self._span, None
+        if span is not None:
+            self._observer.term_ended(self._table, span, term.lost_cause or RESIGNED)
+
 
 def term_number(term: LeaseView) -> int:
     """A held term's number: its lease's fencing token (every store an election runs on keeps one)."""
@@ -136,13 +165,15 @@ class Term(LeaseView):
     candidate is woken at once. Everything a lease offers is here too: ``lost``, ``raise_if_lost()``,
     ``remaining()``, ``check_in``."""
 
-    __slots__ = ("_guard", "_ended", "identity")
+    __slots__ = ("_guard", "_ended", "identity", "_report")
 
-    def __init__(self, guard: SyncDistributedLock, ended: threading.Event, identity: str) -> None:
+    def __init__(self, guard: SyncDistributedLock, ended: threading.Event, identity: str,
+                 report: Optional[_TermReport]) -> None:
         self._guard = guard
         self._lease = guard._lease
         self._ended = ended
         self.identity = identity
+        self._report = report
 
     @property
     def number(self) -> int:
@@ -158,8 +189,12 @@ class Term(LeaseView):
         """Hand leadership over: release the lease. LockLost if the term had already been lost (its cause
         says why), LockReleaseError if the release stayed unconfirmed; a second call does nothing."""
         self._ended.set()
-        if self.state in ("held", "lost"):
-            self._guard.release()
+        try:
+            if self.state in ("held", "lost"):
+                self._guard.release()
+        finally:
+            if self._report is not None:
+                self._report.ended(self)
 
     def __enter__(self) -> Self:
         return self
@@ -167,8 +202,12 @@ class Term(LeaseView):
     def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
                  traceback: Optional[TracebackType]) -> None:
         self._ended.set()
-        if self.state in ("held", "lost"):
-            self._guard.__exit__(exc_type, exc, traceback)
+        try:
+            if self.state in ("held", "lost"):
+                self._guard.__exit__(exc_type, exc, traceback)
+        finally:
+            if self._report is not None:
+                self._report.ended(self)
 
 
 class Election:
@@ -203,6 +242,18 @@ class Election:
         end). LockNotAcquired after ``wait_timeout`` seconds (None: no limit), or once ``stop()`` is called."""
         deadline = _deadline(wait_timeout)
         candidacy = self._candidacy
+        started = time.monotonic()
+        try:
+            guard, ended = self._campaign_rounds(deadline, wait_timeout)
+        except LockNotAcquired:
+            candidacy.failed(started)
+            raise
+        return Term(guard, ended, candidacy.identity, candidacy.began(guard, started))
+
+    def _campaign_rounds(self, deadline: Optional[float], wait_timeout: Optional[float]
+                         ) -> tuple[SyncDistributedLock, threading.Event]:
+        """Acquire in rounds until held: the guard, and the event its loss sets."""
+        candidacy = self._candidacy
         while True:
             ended = threading.Event()
             options = candidacy.round_options(deadline, _ender(ended))
@@ -227,7 +278,7 @@ class Election:
             finally:
                 with self._mutex:
                     self._campaign = None
-            return Term(guard, ended, candidacy.identity)
+            return guard, ended
 
     def run(self, on_elected: Callable[[Term], object],
             on_revoked: Optional[Callable[[str], object]] = None) -> None:
@@ -348,8 +399,20 @@ class AsyncCampaign:
         self._candidacy, self._deadline, self._wait_timeout = candidacy, deadline, wait_timeout
         self._cancel_on_lost = cancel_on_lost
         self._guard: Any = None
+        self._report: Optional[_TermReport] = None
 
     async def __aenter__(self) -> AsyncTerm:
+        started = time.monotonic()
+        try:
+            guard = await self._rounds()
+        except LockNotAcquired:
+            self._candidacy.failed(started)
+            raise
+        self._guard = guard
+        self._report = self._candidacy.began(guard, started)
+        return AsyncTerm(guard, self._candidacy.identity)
+
+    async def _rounds(self) -> DistributedLock:
         from .aio import DistributedLock
 
         candidacy = self._candidacy
@@ -366,9 +429,12 @@ class AsyncCampaign:
                 if self._deadline is not None and time.monotonic() >= self._deadline:
                     raise candidacy.not_elected(self._wait_timeout) from None
                 continue
-            self._guard = guard
-            return AsyncTerm(guard, candidacy.identity)
+            return guard
 
     async def __aexit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
                         traceback: Optional[TracebackType]) -> None:
-        await self._guard.__aexit__(exc_type, exc, traceback)
+        try:
+            await self._guard.__aexit__(exc_type, exc, traceback)
+        finally:
+            if self._report is not None:
+                self._report.ended(self._guard)

@@ -6,6 +6,12 @@ turns it off. It needs the ``otel`` extra, the OpenTelemetry API: ``pip install 
 Spans and metrics go to the global providers unless others are given; without an SDK configured they
 are OpenTelemetry's no-ops.
 
+Per election term (``fastlease.election``): a span ``fastlease.term`` from the election to the end of
+the term (its number, the candidate's identity, and how it ended), and the metrics
+``fastlease.election.leaders`` (+1 while this process leads: summed over the fleet, 0 is time without a
+leader and more than 1 must never be seen), ``fastlease.election.terms`` and
+``fastlease.election.campaign.duration``.
+
 Per lease: a span ``fastlease.acquire`` over the wait (outcome ``acquired``, ``not_acquired`` or
 ``error``) and, once acquired, a span ``fastlease.hold`` that ends at the release (outcome
 ``released``, ``lost`` or ``error``; a loss adds an event and ``fastlease.lost_cause``). Both are
@@ -50,6 +56,9 @@ STORE = "fastlease.store"
 OUTCOME = "fastlease.outcome"
 LOST_CAUSE = "fastlease.lost_cause"
 CONFLICT = "fastlease.idempotency.conflict"
+TERM = "fastlease.election.term"
+IDENTITY = "fastlease.election.identity"
+TERM_END = "fastlease.election.end"  # lost causes, or "resigned"
 ERROR_TYPE = "error.type"  # OpenTelemetry's own name for the class of the error that ended an operation
 
 
@@ -115,6 +124,14 @@ class LeaseTelemetry:
         self._conflicts = meter.create_counter(
             "fastlease.idempotency.conflicts", unit="{call}",
             description="Idempotent calls refused: another is in flight, or the key came with another payload")
+        self._leaders = meter.create_up_down_counter(
+            "fastlease.election.leaders", unit="{leader}",
+            description="1 while this process leads an election: over the fleet, 0 means no leader")
+        self._terms = meter.create_counter(
+            "fastlease.election.terms", unit="{term}", description="Terms won: each is a change of leader")
+        self._campaigns = meter.create_histogram(
+            "fastlease.election.campaign.duration", unit="s", description="Time from a campaign's start to its end",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S)
 
     def _span_attributes(self, lease: HeldLease) -> dict[str, str]:
         return {TABLE: lease.table, KEY: lease.key, STORE: self.store}
@@ -173,6 +190,28 @@ class LeaseTelemetry:
         span.set_attribute(OUTCOME, outcome)
         self._hold.record((self._clock.monotonic_ns() - hold.start_ns) / 1e9, {**hold.labels, OUTCOME: outcome})
         span.end(end_time=self._clock.time_ns())
+
+    # ---- fastlease.election's hooks ------------------------------------------------------------
+    def term_began(self, table: str, key: str, identity: str, term: int, campaign_s: float) -> trace.Span:
+        """A campaign won: count the term, this process as a leader, and the campaign; the term's span."""
+        labels = {TABLE: table, STORE: self.store}
+        self._terms.add(1, labels)
+        self._leaders.add(1, labels)
+        self._campaigns.record(campaign_s, {**labels, OUTCOME: "elected"})
+        return self._tracer.start_span("fastlease.term", start_time=self._clock.time_ns(), attributes={
+            TABLE: table, KEY: key, STORE: self.store, TERM: term, IDENTITY: identity})
+
+    def term_ended(self, table: str, span: trace.Span, end: str) -> None:
+        """The term ended (``end``: resigned, or the loss's cause): no longer a leader; the span ends."""
+        self._leaders.add(-1, {TABLE: table, STORE: self.store})
+        span.set_attribute(TERM_END, end)
+        if end != "resigned":
+            span.set_status(Status(StatusCode.ERROR, f"lost: {end}"))
+        span.end(end_time=self._clock.time_ns())
+
+    def campaign_failed(self, table: str, campaign_s: float) -> None:
+        """A campaign that ended without a term (its deadline, or stop())."""
+        self._campaigns.record(campaign_s, {TABLE: table, STORE: self.store, OUTCOME: "not_elected"})
 
     def idempotent_call(self, table: str, outcome: str) -> None:
         """Count a hit, a miss or a conflict (``in_flight``, ``mismatch``) of the record table ``table``."""
