@@ -263,3 +263,24 @@ def test_dynamodb_without_fencing_tokens_cannot_hold_an_election(moto_session, m
             Election(client, table="leaders", key="k")
     finally:
         client.close()
+
+
+def test_a_leader_that_exits_cleanly_resigns_and_one_that_dies_does_not(tmp_path):
+    import subprocess
+    import sys
+
+    from fastlease import SQLiteClient
+
+    script = ("import os, sys; from fastlease import SQLiteClient; from fastlease.election import Election; "
+              f"term = Election(SQLiteClient({str(tmp_path / 'l.db')!r}), table='leaders', key=sys.argv[1], "
+              "identity=sys.argv[1]).campaign(); print(term.number, flush=True); "
+              "os._exit(0) if sys.argv[1] == 'dies' else None")
+    for key in ("exits", "dies"):
+        done = subprocess.run([sys.executable, "-c", script, key], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and done.stdout.strip() == "1", done
+    client = SQLiteClient(tmp_path / "l.db")
+    try:
+        assert Election(client, table="leaders", key="exits").leader() is None  # resigned at exit
+        assert Election(client, table="leaders", key="dies").leader().identity == "dies"  # left to run out
+    finally:
+        client.close()

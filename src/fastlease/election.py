@@ -4,8 +4,9 @@ The term's number is the lease's fencing token, so terms strictly increase from 
 destination that refuses an older token refuses an old leader (``fastlease.fencing``). Nothing here adds
 to the protocol: at most one candidate holds a valid term for the same reason that at most one guard
 holds a valid lease (docs/protocol.md, "Why it is safe"); a resignation is a release, so the stores that
-wake waiters on a release (Redis, PostgreSQL) hand leadership over at once; a leader that dies is
-replaced once its lease has been seen unchanged for a whole lease.
+wake waiters on a release (Redis, PostgreSQL) hand leadership over at once; a process that exits
+cleanly resigns the terms it still holds (an ``atexit`` hook); a leader that dies is replaced once its
+lease has been seen unchanged for a whole lease.
 
 * ``Election``: ``campaign()`` blocks until elected and returns the ``Term`` (a ``with`` block resigns
   at its end); ``run(on_elected, on_revoked)`` is the runner for a process whose job is to lead;
@@ -19,6 +20,7 @@ The candidate's identity (the host and process by default) is put before each ow
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -189,6 +191,7 @@ class Term(LeaseView):
         """Hand leadership over: release the lease. LockLost if the term had already been lost (its cause
         says why), LockReleaseError if the release stayed unconfirmed; a second call does nothing."""
         self._ended.set()
+        _HELD.discard(self)
         try:
             if self.state in ("held", "lost"):
                 self._guard.release()
@@ -202,6 +205,7 @@ class Term(LeaseView):
     def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
                  traceback: Optional[TracebackType]) -> None:
         self._ended.set()
+        _HELD.discard(self)
         try:
             if self.state in ("held", "lost"):
                 self._guard.__exit__(exc_type, exc, traceback)
@@ -248,7 +252,9 @@ class Election:
         except LockNotAcquired:
             candidacy.failed(started)
             raise
-        return Term(guard, ended, candidacy.identity, candidacy.began(guard, started))
+        term = Term(guard, ended, candidacy.identity, candidacy.began(guard, started))
+        _HELD.add(term)
+        return term
 
     def _campaign_rounds(self, deadline: Optional[float], wait_timeout: Optional[float]
                          ) -> tuple[SyncDistributedLock, threading.Event]:
@@ -306,6 +312,22 @@ class Election:
             campaign.cancel()
         if ended is not None:
             ended.set()
+
+
+#: Sync terms won and not yet ended by their holder: resigned at the interpreter's exit if still held.
+_HELD: set[Term] = set()
+
+
+@atexit.register
+def _resign_at_exit() -> None:
+    """A process that exits cleanly resigns, so that the next leader need not wait out its lease (one
+    killed by a signal cannot: its lease runs out)."""
+    for term in list(_HELD):
+        if term.state == "held":
+            try:
+                term.resign()
+            except Exception:  # noqa: BLE001, S110 - nothing to tell at exit; the lease runs out on its own
+                pass
 
 
 def _serve(term: Term, on_elected: Callable[[Term], object], on_revoked: Optional[Callable[[str], object]]) -> None:
