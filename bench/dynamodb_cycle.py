@@ -5,7 +5,10 @@ TransactWriteItems), fastlease on plain boto3 (``fast_path=False``), and pydynox
 For each: cycles/s (wall), client CPU µs per cycle (``time.process_time`` of this process, all its
 threads, so pydynox's Rust runtime threads count too; the server is another process), and requests
 per cycle from the libraries' own lease metrics. Rounds are interleaved so machine noise hits all
-three alike. Run: ``.venv/bin/python bench/dynamodb_cycle.py [--cycles N] [--rounds R]``.
+three alike. Then, apart: fastlease's own work per cycle with no network at all (a transport that
+encodes each request's body and answers at once), without and with fencing, which is what fencing
+adds to the client's CPU whatever the server's latency.
+Run: ``.venv/bin/python bench/dynamodb_cycle.py [--cycles N] [--rounds R]``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from typing import Callable
 import boto3
 
 from fastlease import SyncDistributedLock
+from fastlease.client import LeaseClient
 from fastlease.dynamodb import DynamoDBClient
+from fastlease.stores.dynamodb.fastpath import _encode_json
+from fastlease.stores.dynamodb.store import DynamoDBStore
 from fastlease.testing.moto_server import MotoServer
 
 TABLE = "bench_locks"
@@ -44,6 +50,30 @@ def fastlease_runner(endpoint: str, fast_path: bool,
         return requests
 
     return run, client.close
+
+
+class _Answering:
+    """A transport that encodes the request, as the fast path does, and answers at once: success."""
+
+    def call(self, operation: str, params: dict, timeout_s: float) -> dict:
+        _encode_json(params).encode()
+        return {}
+
+
+def no_network_us(fencing: bool, cycles: int = 20_000) -> float:
+    """fastlease's CPU per acquire+release cycle with no network (renewals on the thread: none run)."""
+    client = LeaseClient(DynamoDBStore(_Answering(), fencing), renewal="thread")
+    try:
+        for _ in range(cycles // 10):
+            with SyncDistributedLock(client, table=TABLE, key="no-network"):
+                pass
+        start = time.process_time()
+        for _ in range(cycles):
+            with SyncDistributedLock(client, table=TABLE, key="no-network"):
+                pass
+        return (time.process_time() - start) / cycles * 1e6
+    finally:
+        client.close()
 
 
 def pydynox_runner(endpoint: str) -> tuple[Callable[[int], int], Callable[[], None]]:
@@ -121,6 +151,10 @@ def main() -> int:
                 print(f"{ours} / {name}: CPU {medians[ours][1] / medians[name][1]:.2f}x "
                       f"(per round {statistics.median(paired):.2f}x, {paired[0]:.2f}-{paired[-1]:.2f}), "
                       f"wall {medians[ours][0] / medians[name][0]:.2f}x")
+    plain = [no_network_us(False) for _ in range(3)]
+    fenced = [no_network_us(True) for _ in range(3)]
+    print(f"no network, fastlease's own work per cycle (best of 3 x 20,000): {min(plain):.1f} us; with fencing "
+          f"{min(fenced):.1f} us (+{min(fenced) - min(plain):.1f} us)")
     return 0
 
 
