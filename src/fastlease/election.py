@@ -93,11 +93,12 @@ class _Candidacy:
         self.options = guard_options(lease_duration, CAMPAIGN_ROUND_S, None, None)
         SyncDistributedLock.with_options(client, table=table, key=key, options=self.options)  # checks the table
 
-    def round_options(self, deadline: Optional[float], on_lost: Optional[Callable[[LockLost], object]]
-                      ) -> Optional[LeaseOptions]:
-        """The options of the campaign's next round, or None when its deadline has passed."""
+    def round_options(self, deadline: Optional[float], on_lost: Optional[Callable[[LockLost], object]],
+                      first: bool) -> Optional[LeaseOptions]:
+        """The options of the campaign's next round, or None when its deadline has passed (the first
+        round always runs: a campaign with ``wait_timeout=0`` makes one attempt)."""
         left = CAMPAIGN_ROUND_S if deadline is None else min(CAMPAIGN_ROUND_S, deadline - time.monotonic())
-        if left <= 0 and deadline is not None:
+        if left <= 0 and not first:
             return None
         return self.options._replace(wait_ms=max(0, int(left * 1000)), on_lost=on_lost)
 
@@ -260,9 +261,11 @@ class Election:
                          ) -> tuple[SyncDistributedLock, threading.Event]:
         """Acquire in rounds until held: the guard, and the event its loss sets."""
         candidacy = self._candidacy
+        first = True
         while True:
             ended = threading.Event()
-            options = candidacy.round_options(deadline, _ender(ended))
+            options = candidacy.round_options(deadline, _ender(ended), first)
+            first = False
             if options is None:
                 raise candidacy.not_elected(wait_timeout)
             guard = SyncDistributedLock.with_options(candidacy.client, table=candidacy.table, key=candidacy.key,
@@ -438,8 +441,10 @@ class AsyncCampaign:
         from .aio import DistributedLock
 
         candidacy = self._candidacy
+        first = True
         while True:
-            options = candidacy.round_options(self._deadline, None)
+            options = candidacy.round_options(self._deadline, None, first)
+            first = False
             if options is None:
                 raise candidacy.not_elected(self._wait_timeout)
             guard = DistributedLock.with_options(candidacy.client, table=candidacy.table, key=candidacy.key,
