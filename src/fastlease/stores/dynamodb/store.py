@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import logging
 import time
 from typing import Any, Optional
 
 from ...exceptions import MalformedLockRow, StoreError, StoreRequestRejected
+from .._digest import constructor
 from ..base import DELETED, DELETED_WITH_WAITERS, NO_USAGE, NOT_DELETED, LockRow, Record, UsageMeter, outcome_for_log
 from .transport import SERVER_ERROR_CODES, THROTTLING_CODES, Boto3Transport, ServiceError
 
@@ -69,6 +69,9 @@ FENCE_UPDATE = "SET #fence = :fence"
 #: forgotten one costs at most one cancelled transaction when the clock's guess falls short.
 FENCES_REMEMBERED = 4096
 
+# (Not hashlib: the renewal process imports this module, and hashlib would load OpenSSL there: _digest.)
+_sha256 = constructor("sha256")
+
 _KEY_NAME = {"#key": "key"}
 _FENCE_NAMES = {"#fence": "fence"}
 _OWNER_VERSION_NAMES = {"#owner": "owner", "#version": "version"}
@@ -98,7 +101,8 @@ def missing_table(named: str, detail: str, key: Optional[str] = None) -> StoreRe
 
 def fence_key(key: str) -> str:
     """The key of the item that holds ``key``'s fencing counter, in the same table."""
-    return FENCE_KEY_PREFIX + hashlib.sha256(key.encode("utf-8")).hexdigest()
+    digest: str = _sha256(key.encode("utf-8")).hexdigest()
+    return FENCE_KEY_PREFIX + digest
 
 
 def _row_item(key: str, owner: str, version: str, lease_ms: int) -> dict[str, Any]:
