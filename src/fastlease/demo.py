@@ -52,6 +52,10 @@ TABLE = "demo_locks"
 LEASE_S = 1.0
 WAIT_S = 3.0
 WORK_S = (0.1, 0.6)
+#: After the run's end, workers go on while the killed holder's key has not been taken over yet, for at
+#: most this long: a loaded machine can start the workers, and so the kill, late, and the demo is there
+#: to show the takeover.
+OVERTIME_S = LEASE_S + WAIT_S + 1.0
 MOTO_REGION = "us-east-1"  # the Region of the moto server the demo starts when no --endpoint-url is given
 #: The store check before the workers start: one read of this key, with this timeout, well under a
 #: worker's wait budget (WAIT_S), so an unreachable store is reported at once.
@@ -80,11 +84,12 @@ def _error_text(error: BaseException) -> str:
 
 
 def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore], stop_at: float, events: Any,
-           crash: Optional[threading.Event] = None) -> None:
+           crash: Optional[threading.Event] = None, overtime: Any = None) -> None:
     """One worker's loop; reports ("hold", ...), ("valid", ...), ("lost", ...), ("done", ...), ("timeout", ...) or
     ("error", ...). A timeout carries the last store error of its wait, or None when it only found the key held.
 
-    ``stop_at`` is on the monotonic clock, which is system-wide on Linux, so processes share it."""
+    ``stop_at`` is on the monotonic clock, which is system-wide on Linux, so processes share it. While
+    ``overtime`` (an event) is set, the worker goes on past it, for at most OVERTIME_S."""
     rng = random.Random(index)
     try:
         client = client_from_options(options, memory_store=memory_store)
@@ -93,7 +98,8 @@ def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore
         return
     try:
         for turn in range(100_000):  # bounded; the deadline ends it first
-            if time.monotonic() >= stop_at:
+            now = time.monotonic()
+            if now >= stop_at and not (overtime is not None and overtime.is_set() and now < stop_at + OVERTIME_S):
                 break
             # Each worker visits every customer in turn (from its own starting point), so a killed
             # holder's customer is soon asked for again and the takeover shows.
@@ -292,11 +298,11 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
     start_at = time.monotonic() + (0.2 if threads else 2.0)  # spawned workers need time to import
     stop_at = start_at + seconds
     crashes: list[Optional[threading.Event]] = [threading.Event() if threads else None for _ in range(count)]
-    events, runners = _start_workers(options, stop_at, crashes)
+    events, runners, overtime = _start_workers(options, stop_at, crashes)
     tally = _Tally(count, start_at, say)
     next_progress = start_at + 1.0
     try:
-        while time.monotonic() < stop_at + WAIT_S + 5.0:
+        while time.monotonic() < stop_at + OVERTIME_S + WAIT_S + 5.0:
             try:
                 event = events.get(timeout=0.1)
             except queue.Empty:
@@ -308,6 +314,9 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
                 tally.killed = _kill_a_holder(tally.holders, runners, crashes, now, start_at, say)
                 if tally.killed is not None:
                     tally.stats[tally.killed["worker"]]["status"] = "killed"
+                    overtime.set()  # the workers go on until the key is taken over
+            if tally.killed is not None and "taken_by" in tally.killed:
+                overtime.clear()
             if now >= next_progress and now < stop_at:
                 total = sum(s["acquisitions"] for s in tally.stats)
                 held = " · ".join(f"{c}: {_label(h)}" for c, h in tally.holders.items())
@@ -325,25 +334,28 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
 
 
 def _start_workers(options: StoreOptions, stop_at: float,
-                   crashes: list[Optional[threading.Event]]) -> tuple[Any, list[Any]]:
+                   crashes: list[Optional[threading.Event]]) -> tuple[Any, list[Any], Any]:
     """Start one worker per entry of ``crashes``: on the memory store, threads that share one MemoryStore,
     each with its crash event; else spawned processes, which are killed for real. Returns the queue their
-    events come on, and the workers."""
+    events come on, the workers, and the event that keeps them going after ``stop_at`` (``worker``)."""
     runners: list[Any] = []
     if options.store == "memory":
         events: Any = queue.Queue()
+        overtime: Any = threading.Event()
         memory_store = MemoryStore()  # the one store the worker threads share
         for index in range(len(crashes)):
-            runners.append(threading.Thread(target=worker,
-                                            args=(index, options, memory_store, stop_at, events, crashes[index])))
+            runners.append(threading.Thread(target=worker, args=(index, options, memory_store, stop_at, events,
+                                                                 crashes[index], overtime)))
     else:
         context = multiprocessing.get_context("spawn")
         events = context.Queue()
+        overtime = context.Event()
         for index in range(len(crashes)):
-            runners.append(context.Process(target=worker, args=(index, options, None, stop_at, events), daemon=True))
+            runners.append(context.Process(target=worker, args=(index, options, None, stop_at, events, None, overtime),
+                                           daemon=True))
     for runner in runners:
         runner.start()
-    return events, runners
+    return events, runners, overtime
 
 
 class _Tally:
