@@ -210,8 +210,10 @@ def _describe_row(row: dict[str, Any], seen_s: Optional[float]) -> str:
     parts = [f"{row['key']}: held by {row['owner']}", lease, f"protocol {row['protocol']}"]
     if row["fence"] is not None:
         parts.append(f"fencing token {row['fence']}")
-    identity, separator, _ = str(row["owner"]).rpartition("/")  # an election's candidate (fastlease.election)
-    if separator:
+    from .election import identity_of  # (an election's candidate holds the key)
+
+    identity = identity_of(str(row["owner"]))
+    if identity is not None:
         parts.append(f"leader {identity!r} in term {row['fence']}")
     if seen_s is not None:
         parts.append(f"seen unchanged by this host for {seen_s:.1f} s")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, NamedTuple, Optional
 from .client import LeaseClient
 from .exceptions import LockLost, LockNotAcquired, LockReleaseError
 from .lock import DEFAULT_LEASE_DURATION, LeaseOptions, LeaseView, SyncDistributedLock, check_client, guard_options
+from .stores.base import check_table
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -68,15 +69,20 @@ def check_identity(identity: object) -> str:
     return identity
 
 
+def identity_of(owner: str) -> Optional[str]:
+    """The candidate identity at the head of an owner id, or None for an owner that is not a candidate's."""
+    identity, separator, _ = owner.rpartition(IDENTITY_SEPARATOR)
+    return identity if separator else None
+
+
 def leader_of(client: LeaseClient, table: str, key: str) -> Optional[Leader]:
     """The holder of ``key`` as a Leader (one read), or None when nobody holds it."""
     row = client.holder(table, key)
     if row is None:
         return None
     owner = str(row["owner"])
-    identity, separator, _ = owner.rpartition(IDENTITY_SEPARATOR)
     fence = row.get("fence")
-    return Leader(identity if separator else None, fence if type(fence) is int else None, owner)
+    return Leader(identity_of(owner), fence if type(fence) is int else None, owner)
 
 
 class _Candidacy:
@@ -91,7 +97,7 @@ class _Candidacy:
         self.table, self.key = table, client.engine_module.check_key(key)
         self.identity = check_identity(default_identity() if identity is None else identity)
         self.options = guard_options(lease_duration, CAMPAIGN_ROUND_S, None, None)
-        SyncDistributedLock.with_options(client, table=table, key=key, options=self.options)  # checks the table
+        check_table(table)
 
     def round_options(self, deadline: Optional[float], on_lost: Optional[Callable[[LockLost], object]],
                       first: bool) -> Optional[LeaseOptions]:

@@ -33,7 +33,7 @@ from multiprocessing.connection import wait as wait_for_pipes
 from typing import Any, Callable, Optional
 
 from . import workload
-from .harness import SPAWN, _Setup
+from .harness import SPAWN, _Setup, stop_all
 
 STORES = ("sqlite", "redis", "redis-cluster", "dynamodb", "postgres")
 KEY = "leader"
@@ -151,14 +151,7 @@ def _drill(setup: _Setup, seconds: float, rng: random.Random, seed: int) -> dict
                 resume.append((now + 1.5 * workload.LEASE_S, target))
                 faults.append((now, "pause_leader"))
     finally:
-        for candidate in pool:
-            if candidate.stopped:
-                os.kill(candidate.process.pid, signal.SIGCONT)
-            candidate.process.join(15)
-            if candidate.process.is_alive():
-                os.kill(candidate.process.pid, signal.SIGKILL)
-                candidate.process.join(10)
-            candidate.events.close()
+        stop_all(pool)
     report = check(events, faults)
     report.update(store=setup.store, seed=seed)
     return report

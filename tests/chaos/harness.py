@@ -365,6 +365,20 @@ def _run_processes(setup: _Setup, clock_path: str, seconds: float, count: int, s
         else:
             continue
         faults.append((time.time(), kind, owner))
+    stop_all(pool)
+    final, commits = setup.outcome()
+    injected = sum(setup.proxy.injected.values()) if setup.proxy is not None else drops + migrations
+    report = _check(setup.store, seed, final, commits, helds, faults, kills, pauses, jumps, injected, errors)
+    if setup.store == "postgres":
+        report["dropped_backends"] = dropped_backends
+    if setup.store == "redis-cluster":
+        report["dropped_clients"], report["migrations"] = dropped_backends, migrations
+    return report
+
+
+def stop_all(pool: list[Any]) -> None:
+    """End every worker process of a run (``process``, ``stopped``, ``events``): a paused one is resumed,
+    each gets 15 s to finish, then is killed by its PID; their pipes are closed."""
     for worker in pool:
         if worker.process.is_alive():
             if worker.stopped:
@@ -374,14 +388,6 @@ def _run_processes(setup: _Setup, clock_path: str, seconds: float, count: int, s
             os.kill(worker.process.pid, signal.SIGKILL)
             worker.process.join(10)
         worker.events.close()
-    final, commits = setup.outcome()
-    injected = sum(setup.proxy.injected.values()) if setup.proxy is not None else drops + migrations
-    report = _check(setup.store, seed, final, commits, helds, faults, kills, pauses, jumps, injected, errors)
-    if setup.store == "postgres":
-        report["dropped_backends"] = dropped_backends
-    if setup.store == "redis-cluster":
-        report["dropped_clients"], report["migrations"] = dropped_backends, migrations
-    return report
 
 
 def _check(store: str, seed: int, final: int, commits: list, helds: list, faults: list, kills: int, pauses: int,
