@@ -134,7 +134,9 @@ def _drill(setup: _Setup, seconds: float, rng: random.Random, seed: int) -> dict
                     os.kill(candidate.process.pid, signal.SIGCONT)
                     candidate.stopped = False
                     resume.remove((when, candidate))
-            if now < next_fault or now > deadline - 1.0 or resume or not leader:
+            # No fault later than a failover's bound before the end: candidates stop campaigning at the
+            # deadline, and a fault must leave time for the next election it is measured by.
+            if now < next_fault or now > deadline - FAILOVER_BOUND_S or resume or not leader:
                 continue
             target = leader[max(leader)]
             if not target.process.is_alive() or target.finished:
