@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -235,8 +236,8 @@ def test_workers_whose_store_fails_never_acquire_and_are_not_ok(free_port):
 def test_a_worker_whose_lease_lapses_reports_the_loss_and_goes_on(monkeypatch):
     """Leaving a block after a lapse raises LockLost: the demo reports it and carries on, since a
     starved machine can do that to a 1 s lease; it is not an error of the demo."""
+    import multiprocessing
     import queue
-    import time
 
     from fastlease.testing import FaultInjector
 
@@ -245,7 +246,8 @@ def test_a_worker_whose_lease_lapses_reports_the_loss_and_goes_on(monkeypatch):
     faults.add("update_version_if", "unavailable", times=-1)  # no renewal lands: the lease lapses
     monkeypatch.setattr(demo, "WORK_S", (1.0, 1.0))  # longer than the lease's validity (0.9 s)
     events: queue.Queue = queue.Queue()
-    demo.worker(0, StoreOptions("memory"), store, time.monotonic() + 0.5, events)
+    stop_at = multiprocessing.Value("d", time.monotonic() + 0.5, lock=False)  # the shared deadline
+    demo.worker(0, StoreOptions("memory"), store, stop_at, events)
     kinds = []
     while not events.empty():
         kinds.append(events.get_nowait())
@@ -370,13 +372,71 @@ def test_demo_on_sqlite_shows_a_takeover_of_the_killed_holder(tmp_path):
     assert all(row["acquisitions"] > 0 for row in summary["workers"])
     killed = summary["killed"]
     assert summary["workers"][killed["worker"]]["status"] == "killed"
-    assert killed["taken_by"] != killed["worker"]
+    assert killed.get("taken_by", killed["worker"]) != killed["worker"], (result.stdout, result.stderr)
     # Another worker waited out the dead holder's lease (1 s), counted from its first sighting of the last
     # renewal, which precedes the kill by a renewal interval (1/3 s) or more when renewals ran late: the
     # bound that always holds is the dead holder's own validity, as it last reported it.
     assert 0 < killed["takeover_s"] < 5.0, killed
     assert killed["takeover_s"] > killed["valid_after_kill_s"], killed
     assert list(tmp_path.iterdir()) == []  # the temporary lock file is gone
+
+
+def test_a_kill_that_comes_after_the_planned_end_is_still_taken_over(monkeypatch):
+    """A loaded machine starts the workers late, so the halfway kill can find no holder until after the
+    run's planned end. The workers must still be there to take the killed holder's key over (one CI run
+    ended with the kill and no takeover)."""
+    kill = demo._kill_a_holder
+    planned_end = []
+
+    def late_kill(holders, runners, crashes, now, start_at, say):
+        if now < planned_end[0] + 0.3:
+            return None  # as if nobody had held a lease yet
+        return kill(holders, runners, crashes, now, start_at, say)
+
+    contend = demo._contend
+
+    def contend_noting_the_end(options, count, seconds, say):
+        planned_end.append(time.monotonic() + 0.2 + seconds)  # _contend's own start_at + seconds
+        return contend(options, count, seconds, say)
+
+    monkeypatch.setattr(demo, "_kill_a_holder", late_kill)
+    monkeypatch.setattr(demo, "_contend", contend_noting_the_end)
+    summary = demo.run(StoreOptions("memory"), workers=3, seconds=2.0, say=lambda line: None)
+    killed = summary["killed"]
+    assert killed is not None and killed["at"] > planned_end[0], killed
+    assert killed["taken_by"] != killed["worker"], killed
+
+
+def _send_forever(channel, payload):
+    channel.put(("big", payload))  # blocks: the pipe holds 64 KiB and nobody reads until the kill
+
+
+@pytest.mark.posix  # SIGKILL
+def test_a_worker_killed_in_the_middle_of_a_send_silences_only_itself():
+    """The demo kills a worker; with one shared multiprocessing.Queue, a kill while that worker's feeder
+    held the writers' lock silenced every worker. Each worker has its own pipe now: the half-sent event
+    ends that pipe, and the other worker's events still come."""
+    import multiprocessing.connection
+    import signal
+
+    context = multiprocessing.get_context("fork")  # the target lives in this test module
+    (dying_reader, dying_writer), (live_reader, live_writer) = (context.Pipe(duplex=False) for _ in range(2))
+    dying = context.Process(target=_send_forever, args=(demo._Channel(dying_writer), b"x" * 10_000_000))
+    dying.start()
+    try:
+        dying_writer.close()
+        assert multiprocessing.connection.wait([dying_reader], 30.0) == [dying_reader]  # the send has begun
+        os.kill(dying.pid, signal.SIGKILL)
+        dying.join(30.0)
+        demo._Channel(live_writer).put(("hold", 1))
+        inbox = demo._Inbox([dying_reader, live_reader])
+        events = [inbox.get(0.5) for _ in range(3)]  # bounded: the dead pipe ends, the live one answers
+        assert ("hold", 1) in events and ("big", b"x" * 10_000_000) not in events, events
+        assert inbox._readers == [live_reader]
+    finally:
+        if dying.is_alive():
+            os.kill(dying.pid, signal.SIGKILL)
+            dying.join(30.0)
 
 
 @pytest.fixture(params=[pytest.param("redis", marks=pytest.mark.server),

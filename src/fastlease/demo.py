@@ -16,10 +16,11 @@ the "kill" stops the holder's renewals and abandons its row instead.
 
 from __future__ import annotations
 
+import collections
 import functools
 import multiprocessing
+import multiprocessing.connection
 import os
-import queue
 import random
 import shutil
 import signal
@@ -52,9 +53,9 @@ TABLE = "demo_locks"
 LEASE_S = 1.0
 WAIT_S = 3.0
 WORK_S = (0.1, 0.6)
-#: After the run's end, workers go on while the killed holder's key has not been taken over yet, for at
-#: most this long: a loaded machine can start the workers, and so the kill, late, and the demo is there
-#: to show the takeover.
+#: Workers go on past the run's end until the killed holder's key has been taken over, for at most this
+#: long after the kill (or after the end, when nobody could be killed by then): a loaded machine can
+#: start the workers, and so the kill, late, and the demo is there to show the takeover.
 OVERTIME_S = LEASE_S + WAIT_S + 1.0
 MOTO_REGION = "us-east-1"  # the Region of the moto server the demo starts when no --endpoint-url is given
 #: The store check before the workers start: one read of this key, with this timeout, well under a
@@ -83,13 +84,14 @@ def _error_text(error: BaseException) -> str:
     return " ".join(f"{type(error).__name__}: {error}".split())
 
 
-def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore], stop_at: float, events: Any,
-           crash: Optional[threading.Event] = None, overtime: Any = None) -> None:
+def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore], stop_at: Any, events: Any,
+           crash: Optional[threading.Event] = None) -> None:
     """One worker's loop; reports ("hold", ...), ("valid", ...), ("lost", ...), ("done", ...), ("timeout", ...) or
     ("error", ...). A timeout carries the last store error of its wait, or None when it only found the key held.
 
-    ``stop_at`` is on the monotonic clock, which is system-wide on Linux, so processes share it. While
-    ``overtime`` (an event) is set, the worker goes on past it, for at most OVERTIME_S."""
+    ``stop_at`` is a shared double (``multiprocessing.Value``) that the parent moves: the time to stop, on
+    the monotonic clock, which is system-wide on Linux, so processes share it. It starts past the run's
+    end, so no worker leaves before the parent knows whether the killed holder's key was taken over."""
     rng = random.Random(index)
     try:
         client = client_from_options(options, memory_store=memory_store)
@@ -98,8 +100,7 @@ def worker(index: int, options: StoreOptions, memory_store: Optional[MemoryStore
         return
     try:
         for turn in range(100_000):  # bounded; the deadline ends it first
-            now = time.monotonic()
-            if now >= stop_at and not (overtime is not None and overtime.is_set() and now < stop_at + OVERTIME_S):
+            if time.monotonic() >= stop_at.value:
                 break
             # Each worker visits every customer in turn (from its own starting point), so a killed
             # holder's customer is soon asked for again and the takeover shows.
@@ -298,15 +299,14 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
     start_at = time.monotonic() + (0.2 if threads else 2.0)  # spawned workers need time to import
     stop_at = start_at + seconds
     crashes: list[Optional[threading.Event]] = [threading.Event() if threads else None for _ in range(count)]
-    events, runners, overtime = _start_workers(options, stop_at, crashes)
+    # No lock: a worker SIGKILLed while it held one would leave it held; an aligned double is written whole.
+    run_until = multiprocessing.get_context("spawn").Value("d", stop_at + OVERTIME_S, lock=False)  # moved below
+    inbox, runners = _start_workers(options, run_until, crashes)
     tally = _Tally(count, start_at, say)
     next_progress = start_at + 1.0
     try:
-        while time.monotonic() < stop_at + OVERTIME_S + WAIT_S + 5.0:
-            try:
-                event = events.get(timeout=0.1)
-            except queue.Empty:
-                event = None
+        while time.monotonic() < run_until.value + WAIT_S + 5.0:
+            event = inbox.get(0.1)
             now = time.monotonic()
             if event is not None:
                 tally.record(event, now)
@@ -314,9 +314,9 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
                 tally.killed = _kill_a_holder(tally.holders, runners, crashes, now, start_at, say)
                 if tally.killed is not None:
                     tally.stats[tally.killed["worker"]]["status"] = "killed"
-                    overtime.set()  # the workers go on until the key is taken over
+                    run_until.value = max(stop_at, now + OVERTIME_S)  # time for the takeover to happen
             if tally.killed is not None and "taken_by" in tally.killed:
-                overtime.clear()
+                run_until.value = stop_at  # seen: the run ends as planned, or now if that has passed
             if now >= next_progress and now < stop_at:
                 total = sum(s["acquisitions"] for s in tally.stats)
                 held = " · ".join(f"{c}: {_label(h)}" for c, h in tally.holders.items())
@@ -333,29 +333,62 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
     return summary
 
 
-def _start_workers(options: StoreOptions, stop_at: float,
-                   crashes: list[Optional[threading.Event]]) -> tuple[Any, list[Any], Any]:
+def _start_workers(options: StoreOptions, stop_at: Any,
+                   crashes: list[Optional[threading.Event]]) -> tuple[_Inbox, list[Any]]:
     """Start one worker per entry of ``crashes``: on the memory store, threads that share one MemoryStore,
-    each with its crash event; else spawned processes, which are killed for real. Returns the queue their
-    events come on, the workers, and the event that keeps them going after ``stop_at`` (``worker``)."""
+    each with its crash event; else spawned processes, which are killed for real. Returns the inbox their
+    events come to and the workers. ``stop_at`` is the shared deadline :func:`worker` describes."""
     runners: list[Any] = []
+    readers, writers = zip(*(multiprocessing.Pipe(duplex=False) for _ in crashes))
     if options.store == "memory":
-        events: Any = queue.Queue()
-        overtime: Any = threading.Event()
         memory_store = MemoryStore()  # the one store the worker threads share
-        for index in range(len(crashes)):
-            runners.append(threading.Thread(target=worker, args=(index, options, memory_store, stop_at, events,
-                                                                 crashes[index], overtime)))
+        for index, writer in enumerate(writers):
+            runners.append(threading.Thread(target=worker, args=(index, options, memory_store, stop_at,
+                                                                 _Channel(writer), crashes[index])))
     else:
         context = multiprocessing.get_context("spawn")
-        events = context.Queue()
-        overtime = context.Event()
-        for index in range(len(crashes)):
-            runners.append(context.Process(target=worker, args=(index, options, None, stop_at, events, None, overtime),
-                                           daemon=True))
+        for index, writer in enumerate(writers):
+            runners.append(context.Process(target=worker, args=(index, options, None, stop_at, _Channel(writer),
+                                                                None), daemon=True))
     for runner in runners:
         runner.start()
-    return events, runners, overtime
+    if options.store != "memory":
+        for writer in writers:
+            writer.close()  # the worker's copy is the only one left, so its death ends the pipe
+    return _Inbox(readers), runners
+
+
+class _Channel:
+    """A worker's end of its own pipe to the parent. Each worker has its own, not one shared
+    multiprocessing.Queue: a Queue's writers share a lock, and a worker SIGKILLed while its feeder thread
+    held that lock would silence every other worker for good (the demo kills one on purpose; a CI run
+    showed no takeover because of it)."""
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    def put(self, event: tuple[Any, ...]) -> None:
+        self._connection.send(event)
+
+
+class _Inbox:
+    """The parent's ends of the workers' pipes, read as one queue."""
+
+    def __init__(self, readers: Any) -> None:
+        self._readers = list(readers)
+        self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
+
+    def get(self, timeout: float) -> Optional[tuple[Any, ...]]:
+        """The next event of any worker, or None after ``timeout`` seconds without one."""
+        if not self._pending:
+            if not self._readers:
+                time.sleep(timeout)  # every worker has gone
+            for reader in multiprocessing.connection.wait(self._readers, timeout):
+                try:
+                    self._pending.append(cast(Any, reader).recv())
+                except (EOFError, OSError):  # its worker has gone, perhaps killed in the middle of a send
+                    self._readers.remove(reader)
+        return self._pending.popleft() if self._pending else None
 
 
 class _Tally:
