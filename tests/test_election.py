@@ -200,7 +200,25 @@ def test_async_runner_leads_again_after_a_loss_until_cancelled(make_client, stor
         return await election.leader()
 
     assert run(main()) is None  # the cancelled runner resigned
-    assert events == [("elected", 1), ("revoked", "stolen"), ("elected", 2)]
+    assert events == [("elected", 1), ("revoked", "stolen"), ("elected", 2), ("revoked", "cancelled")]
+
+
+def test_async_runner_cancelled_while_campaigning_revokes_nothing(make_client):
+    leader = Election(make_client(), table="leaders", key="k", identity="a", lease_duration=5.0)
+    waiting = AsyncElection(make_client(), table="leaders", key="k", identity="b", lease_duration=5.0)
+    revoked = []
+
+    async def main():
+        runner = asyncio.create_task(waiting.run(lambda term: pytest.fail("never elected"), revoked.append))
+        await asyncio.sleep(0)  # one turn of the loop: the runner runs into its campaign's first await
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+        return runner.cancelled()
+
+    with leader.campaign():
+        assert run(main()) is True
+    assert revoked == []
 
 
 # ---- every store -----------------------------------------------------------------------------------

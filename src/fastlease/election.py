@@ -20,6 +20,7 @@ The candidate's identity (the host and process by default) is put before each ow
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import threading
@@ -45,6 +46,7 @@ MAX_IDENTITY_CHARS = 128
 #: client's observation of the leader's row carries over from round to round.
 CAMPAIGN_ROUND_S = 3_600.0
 RESIGNED = "resigned"  # on_revoked's cause for a term that ended by its own resignation
+CANCELLED = "cancelled"  # on_revoked's cause when AsyncElection.run's task is cancelled while leading
 
 
 class Leader(NamedTuple):
@@ -393,14 +395,21 @@ class AsyncElection:
     async def run(self, on_elected: Callable[[AsyncTerm], Awaitable[object]],
                   on_revoked: Optional[Callable[[str], object]] = None) -> None:
         """Lead whenever elected until this task is cancelled: as ``Election.run``, with ``on_elected``
-        awaited inside ``async with election.campaign()``."""
+        awaited inside ``async with election.campaign()``. A cancellation while leading resigns and calls
+        ``on_revoked("cancelled")`` before it goes on up; one during a campaign calls nothing."""
         while True:
             cause = None
+            leading = False
             try:
                 async with self.campaign() as term:
+                    leading = True
                     await on_elected(term)
             except LockLost as lost:
                 cause = lost.cause
+            except asyncio.CancelledError:
+                if leading and on_revoked is not None:
+                    on_revoked(CANCELLED)  # the term was resigned by the block's end
+                raise
             if on_revoked is not None:
                 on_revoked(cause or RESIGNED)
 
