@@ -125,6 +125,7 @@ bench: $(INSTALLED) postgresql
 	$(PY) bench/import_time.py
 	$(PY) bench/memory_cycle.py
 	$(PY) bench/dynamodb_cycle.py
+	$(PY) bench/wait_cpu.py
 	$(PY) bench/renewal_under_load.py
 	$(PY) bench/renewal_memory.py
 	$(PY) bench/handoff.py
