@@ -299,8 +299,9 @@ def _contend(options: StoreOptions, count: int, seconds: float, say: Callable[[s
     start_at = time.monotonic() + (0.2 if threads else 2.0)  # spawned workers need time to import
     stop_at = start_at + seconds
     crashes: list[Optional[threading.Event]] = [threading.Event() if threads else None for _ in range(count)]
-    # No lock: a worker SIGKILLed while it held one would leave it held; an aligned double is written whole.
-    run_until = multiprocessing.get_context("spawn").Value("d", stop_at + OVERTIME_S, lock=False)  # moved below
+    # The workers' shared deadline, moved at the kill and at the takeover below. No lock: a worker
+    # SIGKILLed while it held one would leave it held; an aligned double is written whole.
+    run_until = multiprocessing.get_context("spawn").Value("d", stop_at + OVERTIME_S, lock=False)
     inbox, runners = _start_workers(options, run_until, crashes)
     tally = _Tally(count, start_at, say)
     next_progress = start_at + 1.0
@@ -345,15 +346,13 @@ def _start_workers(options: StoreOptions, stop_at: Any,
         for index, writer in enumerate(writers):
             runners.append(threading.Thread(target=worker, args=(index, options, memory_store, stop_at,
                                                                  _Channel(writer), crashes[index])))
+            runners[-1].start()
     else:
         context = multiprocessing.get_context("spawn")
         for index, writer in enumerate(writers):
             runners.append(context.Process(target=worker, args=(index, options, None, stop_at, _Channel(writer),
                                                                 None), daemon=True))
-    for runner in runners:
-        runner.start()
-    if options.store != "memory":
-        for writer in writers:
+            runners[-1].start()
             writer.close()  # the worker's copy is the only one left, so its death ends the pipe
     return _Inbox(readers), runners
 
@@ -380,9 +379,7 @@ class _Inbox:
 
     def get(self, timeout: float) -> Optional[tuple[Any, ...]]:
         """The next event of any worker, or None after ``timeout`` seconds without one."""
-        if not self._pending:
-            if not self._readers:
-                time.sleep(timeout)  # every worker has gone
+        if not self._pending:  # (with every pipe ended, wait() just waits out the timeout)
             for reader in multiprocessing.connection.wait(self._readers, timeout):
                 try:
                     self._pending.append(cast(Any, reader).recv())

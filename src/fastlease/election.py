@@ -20,7 +20,6 @@ The candidate's identity (the host and process by default) is put before each ow
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import os
 import threading
@@ -397,6 +396,8 @@ class AsyncElection:
         """Lead whenever elected until this task is cancelled: as ``Election.run``, with ``on_elected``
         awaited inside ``async with election.campaign()``. A cancellation while leading resigns and calls
         ``on_revoked("cancelled")`` before it goes on up; one during a campaign calls nothing."""
+        import asyncio  # here, not at the top: a sync Election must not pay for asyncio's import
+
         while True:
             cause = None
             leading = False
