@@ -7,7 +7,7 @@ import select
 import signal
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -311,3 +311,46 @@ def read_only_file(tmp_path: Path) -> Iterator[Path]:
     finally:
         if os.geteuid() == 0:
             subprocess.run(["chattr", "-i", str(path)], check=True, timeout=10)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.server),
+                        pytest.param("redis_cluster", marks=pytest.mark.server),
+                        pytest.param("postgres", marks=pytest.mark.server),
+                        pytest.param("dynamodb", marks=pytest.mark.server)])
+def make_store_client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
+    """Clients of one store, per parameter (every store but memory), on one table ``locks`` (created)."""
+    clients: list[Any] = []
+
+    def build() -> Any:
+        if request.param == "sqlite":
+            from fastlease import SQLiteClient
+
+            client = SQLiteClient(tmp_path / "locks.db")
+        elif request.param == "redis":
+            from fastlease import RedisClient
+
+            request.getfixturevalue("redis_db")
+            client = RedisClient(request.getfixturevalue("redis_url"))
+        elif request.param == "redis_cluster":
+            from fastlease import RedisClient
+
+            request.getfixturevalue("redis_cluster_db")
+            client = RedisClient(request.getfixturevalue("redis_cluster_url"))
+        elif request.param == "postgres":
+            from fastlease import PostgresClient
+
+            client = PostgresClient(request.getfixturevalue("postgres_db"))
+            client.create_lock_table("locks")
+        else:
+            from fastlease.dynamodb import DynamoDBClient
+
+            client = DynamoDBClient(session=request.getfixturevalue("moto_session"), fencing=True,
+                                    endpoint_url=request.getfixturevalue("moto_endpoint"))
+            if not clients and not client.lock_table_exists("locks"):
+                client.create_lock_table("locks")
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        client.close()

@@ -86,6 +86,30 @@ def test_status_shows_an_elections_leader_and_term(tmp_path):
     assert f"fencing token {term.number}, leader 'worker-3' in term {term.number}" in status.stdout
 
 
+def test_holders_shows_who_holds_which_slot_of_a_semaphore(tmp_path):
+    from fastlease import Semaphore
+
+    client = SQLiteClient(tmp_path / "locks.db")
+    try:
+        with Semaphore(client, table="locks", key="gpu", limit=3, identity="node-a") as first, \
+                Semaphore(client, table="locks", key="gpu", limit=3, identity="node-b") as second:
+            shown = fastlease("holders", "gpu", "--table", "locks", "--path", "locks.db", cwd=tmp_path)
+            data = json.loads(fastlease("holders", "gpu", "--table", "locks", "--path", "locks.db", "--json",
+                                        cwd=tmp_path).stdout)
+        free = fastlease("holders", "gpu", "--table", "locks", "--path", "locks.db", "--limit", "3", cwd=tmp_path)
+        bad = fastlease("holders", "gpu", "--table", "locks", "--path", "locks.db", "--limit", "0", cwd=tmp_path)
+    finally:
+        client.close()
+    assert shown.returncode == 0 and shown.stdout.splitlines() == [
+        f"slot 0: gpu: held by {first.owner}, lease 30 s, protocol 1, fencing token 1, "
+        "a slot of a semaphore of limit 3, held by 'node-a'",
+        f"slot 1: gpu#slot1: held by {second.owner}, lease 30 s, protocol 1, fencing token 1, "
+        "a slot of a semaphore of limit 3, held by 'node-b'"]
+    assert [(row["slot"], row["identity"], row["limit"]) for row in data] == [(0, "node-a", 3), (1, "node-b", 3)]
+    assert free.returncode == 0 and free.stdout == "gpu: no slot held\n"
+    one_line_error(bad, "argument --limit: limit must be between 1 and 256 holders, got 0", status=2)
+
+
 def test_release_needs_force_and_removes_only_the_row_printed(tmp_path, held):
     refused = fastlease("release", "import:daily", "--table", "locks", "--path", "locks.db", cwd=tmp_path)
     one_line_error(refused, f"would remove import:daily: held by {held.owner}")

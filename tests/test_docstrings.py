@@ -38,6 +38,8 @@ DEFINING_MODULES = (
     "fastlease.stores.dynamodb.transport",
     # Beyond the brief's minimum: the rest of the public surface is documented too.
     "fastlease.decorator",
+    "fastlease.semaphores",
+    "fastlease.election",
     "fastlease.dynamodb",
     "fastlease.pydynox_compat",
     "fastlease._offloop",

@@ -222,45 +222,9 @@ def test_async_runner_cancelled_while_campaigning_revokes_nothing(make_client):
 
 
 # ---- every store -----------------------------------------------------------------------------------
-@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.server),
-                        pytest.param("postgres", marks=pytest.mark.server),
-                        pytest.param("dynamodb", marks=pytest.mark.server)])
-def make_store_client(request, tmp_path):
-    clients = []
-
-    def build():
-        if request.param == "sqlite":
-            from fastlease import SQLiteClient
-
-            client = SQLiteClient(tmp_path / "leaders.db")
-        elif request.param == "redis":
-            from fastlease import RedisClient
-
-            request.getfixturevalue("redis_db")
-            client = RedisClient(request.getfixturevalue("redis_url"))
-        elif request.param == "postgres":
-            from fastlease import PostgresClient
-
-            client = PostgresClient(request.getfixturevalue("postgres_db"))
-            client.create_lock_table("leaders")
-        else:
-            from fastlease.dynamodb import DynamoDBClient
-
-            client = DynamoDBClient(session=request.getfixturevalue("moto_session"), fencing=True,
-                                    endpoint_url=request.getfixturevalue("moto_endpoint"))
-            if not clients and not client.lock_table_exists("leaders"):
-                client.create_lock_table("leaders")
-        clients.append(client)
-        return client
-
-    yield build
-    for client in clients:
-        client.close()
-
-
 def test_on_every_store_a_resignation_hands_over_to_the_waiting_candidate(make_store_client):
-    a = Election(make_store_client(), table="leaders", key="election", identity="a", lease_duration=2.0)
-    b = Election(make_store_client(), table="leaders", key="election", identity="b", lease_duration=2.0)
+    a = Election(make_store_client(), table="locks", key="election", identity="a", lease_duration=2.0)
+    b = Election(make_store_client(), table="locks", key="election", identity="b", lease_duration=2.0)
     with a.campaign(wait_timeout=BOUND_S) as first:
         thread, outcome = campaign_in_thread(b, wait_timeout=BOUND_S)
         assert b.leader() == Leader("a", first.number, first.owner)

@@ -8,28 +8,31 @@ guard and whatever they need (boto3, redis, psycopg, sqlite3, asyncio) load on f
 from __future__ import annotations
 
 from ._impl import IMPLEMENTATION
-from .decorator import distributed_lock
-from .exceptions import FastleaseError, LockLost, LockNotAcquired, LockReleaseError
+from .decorator import distributed_lock, semaphore
+from .exceptions import FastleaseError, KeyKindMismatch, LockLost, LockNotAcquired, LockReleaseError
 from .lock import LeaseMetrics, SyncDistributedLock
 from .memory import MemoryClient, MemoryStore
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 
 if TYPE_CHECKING:  # type checkers see the lazily loaded names (below) as what they are
-    from .aio import DistributedLock
+    from .aio import AsyncSemaphore, DistributedLock
     from .dynamodb import DynamoDBClient
     from .election import AsyncElection, Election
     from .postgres import PostgresClient
     from .redis import RedisClient
+    from .semaphores import Semaphore
     from .sqlite import SQLiteClient
 
 __all__ = [
     "AsyncElection",
+    "AsyncSemaphore",
     "DistributedLock",
     "DynamoDBClient",
     "Election",
     "IMPLEMENTATION",
     "FastleaseError",
+    "KeyKindMismatch",
     "LeaseMetrics",
     "LockLost",
     "LockNotAcquired",
@@ -39,8 +42,10 @@ __all__ = [
     "PostgresClient",
     "RedisClient",
     "SQLiteClient",
+    "Semaphore",
     "SyncDistributedLock",
     "distributed_lock",
+    "semaphore",
 ]
 
 from ._version import __version__ as __version__  # noqa: E402 - re-exported: the package's version
@@ -53,6 +58,7 @@ def _lazy_names() -> dict[str, str]:
 
     clients = {backend.client_name: backend.client.split(":")[0] for backend in BACKENDS.values()}
     return {"DistributedLock": "fastlease.aio", "Election": "fastlease.election", "AsyncElection": "fastlease.election",
+            "Semaphore": "fastlease.semaphores", "AsyncSemaphore": "fastlease.aio",
             **{name: module for name, module in clients.items()
                                                    if name not in globals()}}
 

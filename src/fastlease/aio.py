@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Callable, Optional, Self, Type
+from typing import Any, Callable, Optional, Self, Type
 
 from ._offloop import consume, run, run_to_completion, shielded
 from ._typing import cast
@@ -42,8 +42,9 @@ from .lock import (
     check_client,
     guard_options,
 )
+from .semaphores import Semaphore, SlotMembers
 
-__all__ = ["DistributedLock"]
+__all__ = ["AsyncSemaphore", "DistributedLock"]
 
 
 class DistributedLock(LeaseView):
@@ -84,12 +85,17 @@ class DistributedLock(LeaseView):
         return lock
 
     def _build(self, client: LeaseClient, table: str, key: str, options: LeaseOptions, cancel_on_lost: bool) -> None:
-        """The sync guard whose steps run on worker threads; with ``cancel_on_lost``, its ``on_lost`` is
-        the canceller's, which calls the caller's first."""
+        self._build_on(SyncDistributedLock.with_options, client, table, key, options, cancel_on_lost)
+
+    def _build_on(self, make_guard: Callable[..., SyncDistributedLock], client: LeaseClient, table: str, key: str,
+                  options: LeaseOptions, cancel_on_lost: bool, **more: Any) -> None:
+        """The sync guard whose steps run on worker threads, made by ``make_guard`` (a lock's, or a
+        semaphore's with its ``more`` arguments); with ``cancel_on_lost``, its ``on_lost`` is the
+        canceller's, which calls the caller's first."""
         canceller = _BodyCanceller(options.on_lost) if check_cancel_on_lost(cancel_on_lost) else None
         if canceller is not None:
             options = options._replace(on_lost=canceller.on_lost)
-        self._guard = SyncDistributedLock.with_options(client, table=table, key=key, options=options)
+        self._guard = make_guard(client, table=table, key=key, options=options, **more)
         self._lease = self._guard._lease  # what the shared members (LeaseView) read
         self._canceller = canceller  # cancel_on_lost's, else None
 
@@ -140,6 +146,42 @@ class DistributedLock(LeaseView):
             raise cast(LockLost, self._canceller.lost)  # (the release of a lost lease raises before this)
         # Cancelling here leaves the release running; its outcome is retrieved all the same.
         await run_to_completion(self._guard.client, self._guard.__exit__, exc_type, exc, traceback, short=True)
+
+
+class AsyncSemaphore(SlotMembers, DistributedLock):
+    """``async with AsyncSemaphore(client, table="locks", key="reports", limit=4) as lease:``: the async
+    form of :class:`Semaphore`, with the same arguments, plus ``cancel_on_lost`` as
+    :class:`~fastlease.DistributedLock` has it."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        client: LeaseClient,
+        *,
+        table: str,
+        key: str,
+        limit: int,
+        lease_duration: float = DEFAULT_LEASE_DURATION,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+        max_hold: Optional[float] = None,
+        on_lost: Optional[Callable[[LockLost], object]] = None,
+        cancel_on_lost: bool = False,
+        identity: Optional[str] = None,
+    ) -> None:
+        options = guard_options(lease_duration, wait_timeout, max_hold, on_lost)
+        self._build_on(Semaphore.for_slots, check_client(client), table, key, options, cancel_on_lost,
+                       limit=limit, identity=identity)
+
+    @classmethod
+    def for_slots(cls, client: LeaseClient, *, table: str, key: str, limit: int, options: LeaseOptions,
+                  cancel_on_lost: bool = False, identity: Optional[str] = None) -> Self:
+        """A guard from options validated once for many guards (the decorator's path)."""
+        guard = cls.__new__(cls)
+        guard._build_on(Semaphore.for_slots, client, table, key, options, cancel_on_lost,
+                        limit=limit, identity=identity)
+        return guard
+
 
 
 class _BodyCanceller:

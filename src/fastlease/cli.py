@@ -106,6 +106,13 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--table", required=True, help=TABLE_HELP)
     add_store_options(status, INSPECTABLE)
 
+    holders = commands.add_parser("holders", help="who holds which slot of a semaphore")
+    holders.add_argument("key", metavar="KEY", help="the semaphore's key, as given to Semaphore")
+    holders.add_argument("--table", required=True, help=TABLE_HELP)
+    holders.add_argument("--limit", type=int, help="the semaphore's limit (default: read from its first slot's "
+                                                   "holder; when that slot is free, every row of the table is read)")
+    add_store_options(holders, INSPECTABLE)
+
     listing = commands.add_parser("list", help="the held keys of a table")
     listing.add_argument("--table", required=True, help=TABLE_HELP)
     add_store_options(listing, INSPECTABLE)
@@ -128,6 +135,8 @@ def _parser() -> argparse.ArgumentParser:
 _CHECKED_ARGUMENTS: dict[str, tuple[tuple[str, str, Callable[[object], str]], ...]] = {
     "create-table": (("name", "NAME", check_table),),
     "status": (("key", "KEY", _impl.core.check_key), ("table", "--table", check_table)),
+    "holders": (("key", "KEY", _impl.core.check_key), ("table", "--table", check_table),
+                ("limit", "--limit", lambda limit: "" if limit is None else str(_impl.core.check_limit(limit)))),
     "list": (("table", "--table", check_table),),
     "release": (("key", "KEY", _impl.core.check_key), ("table", "--table", check_table)),
 }
@@ -212,8 +221,12 @@ def _describe_row(row: dict[str, Any], seen_s: Optional[float]) -> str:
         parts.append(f"fencing token {row['fence']}")
     from .election import identity_of  # (an election's candidate holds the key)
 
-    identity = identity_of(str(row["owner"]))
-    if identity is not None:
+    owner = str(row["owner"])
+    identity = identity_of(owner)
+    if owner.startswith(_impl.core.SEMAPHORE_OWNER):  # sem:<limit>:<identity>/<owner id>
+        holder = owner.split(":", 2)[2].rpartition("/")[0]
+        parts.append(f"a slot of {_impl.core.holder_kind(owner)}, held by {holder!r}")
+    elif identity is not None:
         parts.append(f"leader {identity!r} in term {row['fence']}")
     if seen_s is not None:
         parts.append(f"seen unchanged by this host for {seen_s:.1f} s")
@@ -232,6 +245,17 @@ def _status(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
     finally:
         client.close()
     out({**row, "held": True, "seen_unchanged_s": seen_s}, _describe_row(row, seen_s))
+    return 0
+
+
+def _holders(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
+    client = _client(args)
+    try:
+        rows = client.holders(args.table, args.key, args.limit)
+    finally:
+        client.close()
+    text = "\n".join(f"slot {row['slot']}: {_describe_row(row, None)}" for row in rows) or f"{args.key}: no slot held"
+    out(rows, text)
     return 0
 
 
@@ -277,7 +301,8 @@ def _demo(args: argparse.Namespace, out: Callable[[Any, str], None]) -> int:
     return 1 if summary["errors"] else 0
 
 
-COMMANDS = {"create-table": _create_table, "status": _status, "list": _list, "release": _release, "demo": _demo}
+COMMANDS = {"create-table": _create_table, "status": _status, "holders": _holders, "list": _list, "release": _release,
+            "demo": _demo}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

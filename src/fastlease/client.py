@@ -13,6 +13,7 @@ import threading
 
 from . import _impl
 from ._typing import cast
+from .exceptions import KeyKindMismatch
 from .stores.base import check_table
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
@@ -131,6 +132,33 @@ class LeaseClient:
         rows = self.inspect(table, key)
         return rows[0] if rows else None
 
+    def holders(self, table: str, key: str, limit: Optional[int] = None) -> list[dict[str, Any]]:
+        """Who holds the semaphore ``key`` now: one dict per held slot, in slot order, as :meth:`inspect`
+        gives rows (key, owner, version, lease_ms, protocol, waiting, fence) plus ``slot``, ``limit`` and
+        ``identity``. Reads only, one read per slot: a snapshot for operators, not a decision. The limit
+        is read from the first slot's holder; when that slot is free, give ``limit``, or every row of the
+        table is read (a scan on DynamoDB) to find the others. A slot held by another use of the key (a
+        lock, another limit) raises KeyKindMismatch, as acquiring would."""
+        core = self.engine_module
+        check_table(table)
+        if limit is None:
+            first = self.inspect(table, core.check_key(key))
+            rows = first if first else [row for row in self.inspect(table) if _slot_of(core, key, row["key"]) > 0]
+            owner = rows[0]["owner"] if rows else ""
+            if not owner:
+                return []
+            if not owner.startswith(core.SEMAPHORE_OWNER):
+                raise KeyKindMismatch(f"{rows[0]['key']!r} is held by a lock, not by a semaphore's slot", key=key)
+            limit = int(owner[len(core.SEMAPHORE_OWNER):].partition(":")[0])
+        kind = f"{core.SEMAPHORE_OWNER}{limit}:"
+        found = []
+        for slot, slot_key in enumerate(core.slot_keys(key, limit)):
+            for row in self.inspect(table, slot_key):
+                core.check_holder_kind(row["owner"], kind, slot_key)
+                identity = row["owner"][len(kind):].rpartition("/")[0]
+                found.append({**row, "slot": slot, "limit": limit, "identity": identity})
+        return found
+
     def _async_executor(self, short: bool = False) -> ThreadPoolExecutor:
         """The bounded thread pool the async API runs blocking steps on (not the loop's default pool,
         which lock waits could starve). Acquisitions use one pool, steps that never wait for
@@ -175,3 +203,11 @@ class LeaseClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _slot_of(core: ModuleType, key: str, row_key: str) -> int:
+    """The slot number that ``row_key`` has in the semaphore ``key`` (0 for the key itself), or -1."""
+    if row_key == key:
+        return 0
+    head, separator, number = row_key.rpartition(core.SLOT_SEPARATOR)
+    return int(number) if separator and head == key and number.isdigit() and number[0] != "0" else -1

@@ -31,14 +31,14 @@ if TYPE_CHECKING:
     _P = ParamSpec("_P")
     _R = TypeVar("_R")
 
-__all__ = ["distributed_lock"]
+__all__ = ["distributed_lock", "semaphore"]
 
 
 
 class _LockSpec:
     """Everything a decorated function's calls share; ``guard`` builds one call's lease."""
 
-    __slots__ = ("client", "table", "call_key", "options", "cancel_on_lost")
+    __slots__ = ("client", "table", "call_key", "options", "cancel_on_lost", "slots")
 
     def __init__(
         self,
@@ -47,21 +47,30 @@ class _LockSpec:
         call_key: Any,
         options: LeaseOptions,
         cancel_on_lost: bool,
+        slots: Optional[dict[str, Any]] = None,
     ) -> None:
         self.client = client
         self.table = table
         self.call_key = call_key
         self.options = options  # validated once, at decoration
         self.cancel_on_lost = cancel_on_lost
+        self.slots = slots  # a semaphore's limit and identity; None for a lock
 
     def guard(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> SyncDistributedLock:
         key = self.call_key.resolve(args, kwargs)
+        if self.slots is not None:
+            from .semaphores import Semaphore
+
+            return Semaphore.for_slots(self.client, table=self.table, key=key, options=self.options, **self.slots)
         return SyncDistributedLock.with_options(self.client, table=self.table, key=key, options=self.options)
 
     def async_guard(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> DistributedLock:
-        from .aio import DistributedLock
+        from .aio import AsyncSemaphore, DistributedLock
 
         key = self.call_key.resolve(args, kwargs)
+        if self.slots is not None:
+            return AsyncSemaphore.for_slots(self.client, table=self.table, key=key, options=self.options,
+                                            cancel_on_lost=self.cancel_on_lost, **self.slots)
         return DistributedLock.with_options(self.client, table=self.table, key=key, options=self.options,
                                             cancel_on_lost=self.cancel_on_lost)
 
@@ -141,9 +150,42 @@ def distributed_lock(
     regular argument of the function, and for generator functions; at a call, TypeError or ValueError
     when a key argument is not a str or the key is not 1-2,048 UTF-8 bytes.
     """
+    options = LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold, on_lost)
+    return _lease_decorator("distributed_lock", client, table, key, options, cancel_on_lost, None)
+
+
+def semaphore(
+    client: LeaseClient,
+    *,
+    table: str,
+    key: str,
+    limit: int,
+    lease_duration: float = DEFAULT_LEASE_DURATION,
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+    max_hold: Optional[float] = None,
+    on_lost: Optional[Callable[[LockLost], object]] = None,
+    cancel_on_lost: bool = False,
+    identity: Optional[str] = None,
+) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Hold one of ``limit`` slots of the semaphore ``key`` (a template, as ``distributed_lock``'s)
+    during each call: at most ``limit`` calls run at once across every process. The arguments, the
+    checks at decoration and the exceptions are ``distributed_lock``'s, plus ``limit`` (1-256) and
+    ``identity`` as :class:`~fastlease.Semaphore` takes them."""
+    from .semaphores import check_identity
+
+    options = LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold, on_lost)
+    check_client(client).engine_module.check_limit(limit)
+    slots = {"limit": limit, "identity": check_identity(identity)}
+    return _lease_decorator("semaphore", client, table, key, options, cancel_on_lost, slots)
+
+
+def _lease_decorator(
+    name: str, client: LeaseClient, table: str, key: str, options: LeaseOptions, cancel_on_lost: bool,
+    slots: Optional[dict[str, Any]],
+) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """The decorator both ``distributed_lock`` and ``semaphore`` return (``name`` is the caller's, for errors)."""
     check_client(client)
     core = client.engine_module
-    options = LeaseOptions.from_seconds(lease_duration, wait_timeout, max_hold, on_lost)
     check_cancel_on_lost(cancel_on_lost)
     check_table(table)
     template = core.KeyTemplate(key)
@@ -153,12 +195,12 @@ def distributed_lock(
 
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
             raise TypeError(
-                f"distributed_lock cannot wrap generator {fn.__qualname__}: the lease would end "
+                f"{name} cannot wrap generator {fn.__qualname__}: the lease would end "
                 "before the generator is consumed; lock inside the generator instead"
             )
         if not callable(fn):
-            raise TypeError(f"distributed_lock wraps functions, got {type(fn).__name__}")
-        spec = _LockSpec(client, table, _bind_template(core, template, fn), options, cancel_on_lost)
+            raise TypeError(f"{name} wraps functions, got {type(fn).__name__}")
+        spec = _LockSpec(client, table, _bind_template(core, template, fn), options, cancel_on_lost, slots)
         if inspect.iscoroutinefunction(fn):
             # An async def's _R is its coroutine; the wrapper returns a coroutine of the same result.
             return cast("Callable[_P, _R]", _async_wrapper(fn, spec))

@@ -17,6 +17,7 @@ __all__ = [
     "LockLost",
     "LockReleaseError",
     "MalformedLockRow",
+    "KeyKindMismatch",
     "StoreError",
     "StoreRequestRejected",
     "StoreConfigurationError",
@@ -60,6 +61,12 @@ class LockReleaseError(FastleaseError):
 
 class MalformedLockRow(FastleaseError, ValueError):
     """A stored lock row is not a valid protocol row; it is never taken over (fail closed)."""
+
+
+class KeyKindMismatch(FastleaseError, ValueError):
+    """The key is held under another use of it: a lock where a semaphore was asked for (or the
+    reverse), or a semaphore of another limit. Never waited out or taken over: the message names both
+    uses, and one of them must change its key or its limit."""
 
 
 class StoreError(FastleaseError):

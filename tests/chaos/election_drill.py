@@ -79,52 +79,67 @@ def _candidate_main(store: str, target: str, stop_at: float, number: int, sender
         client.close()
 
 
-class _Candidate:
-    def __init__(self, store: str, target: str, stop_at: float, number: int) -> None:
+class Reporter:
+    """A drill's process (``main(*args, sender)``) and the pipe it reports on; ``stop_all`` ends it."""
+
+    def __init__(self, main: Callable[..., None], *args: Any) -> None:
         receiver, sender = SPAWN.Pipe(duplex=False)
         self.events = receiver
-        self.process = SPAWN.Process(target=_candidate_main, args=(store, target, stop_at, number, sender),
-                                     daemon=True)
+        self.process = SPAWN.Process(target=main, args=(*args, sender), daemon=True)
         self.process.start()
         sender.close()
         self.stopped = False
-        self.finished = False
+        self.finished = False  # its pipe reached end of file: it exited, everything read
+        self.holding: Any = None  # what the drill knows it holds now
 
 
-def run(store: str, seconds: float, *, seed: Optional[int] = None, say: Callable[[str], None] = print) -> dict:
-    """One drill on ``store``: the report of ``check``, with the faults' counts and the worst failover."""
+def receive(pool: list[Reporter], timeout: float) -> list[tuple[Reporter, tuple[Any, ...]]]:
+    """The events the live processes of ``pool`` have reported, waiting up to ``timeout`` for the first;
+    a process whose pipe ends (it exited, or was killed, cutting a message short) is marked finished."""
+    alive = [reporter for reporter in pool if not reporter.finished]
+    received = []
+    for ready in wait_for_pipes([reporter.events for reporter in alive], timeout=timeout):
+        reporter = next(r for r in alive if r.events is ready)
+        try:
+            received.append((reporter, ready.recv()))
+        except (EOFError, OSError):
+            reporter.finished = True
+    return received
+
+
+def run_drill(store: str, seconds: float, seed: Optional[int], say: Callable[[str], None], title: str,
+              drill: Callable[[_Setup, float, random.Random, int], dict]) -> dict:
+    """Set ``store`` up, say ``title`` with the seed, run ``drill`` on it, and tear the store down."""
     if store not in STORES:
         raise ValueError(f"store must be one of {STORES}, got {store!r}")
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
-    say(f"election drill on {store}: {CANDIDATES} candidates, {seconds:g} s, seed {seed}")
-    with tempfile.TemporaryDirectory(prefix="fastlease-election-") as directory:
+    say(f"{title} on {store}, {seconds:g} s, seed {seed}")
+    with tempfile.TemporaryDirectory(prefix="fastlease-drill-") as directory:
         setup = _Setup(store, directory)
         try:
-            return _drill(setup, seconds, random.Random(seed), seed)
+            return drill(setup, seconds, random.Random(seed), seed)
         finally:
             setup.close()
 
 
+def run(store: str, seconds: float, *, seed: Optional[int] = None, say: Callable[[str], None] = print) -> dict:
+    """One drill on ``store``: the report of ``check``, with the faults' counts and the worst failover."""
+    return run_drill(store, seconds, seed, say, f"election drill: {CANDIDATES} candidates", _drill)
+
+
 def _drill(setup: _Setup, seconds: float, rng: random.Random, seed: int) -> dict:
     deadline = time.monotonic() + seconds
-    pool = [_Candidate(setup.store, setup.target, deadline, n) for n in range(CANDIDATES)]
+    pool = [Reporter(_candidate_main, setup.store, setup.target, deadline, n) for n in range(CANDIDATES)]
     events: list[tuple[str, int, float]] = []
     faults: list[tuple[float, str]] = []
-    leader: dict[int, _Candidate] = {}  # term -> the candidate that reported it
-    resume: list[tuple[float, _Candidate]] = []
+    leader: dict[int, Reporter] = {}  # term -> the candidate that reported it
+    resume: list[tuple[float, Reporter]] = []
     next_fault = time.monotonic() + 1.0 + rng.uniform(0.2, 0.8)
     try:
         while time.monotonic() < deadline + 15:  # bounded: candidates stop at the deadline
-            alive = [c for c in pool if not c.finished]
-            if not alive:
+            if all(c.finished for c in pool):
                 break
-            for ready in wait_for_pipes([c.events for c in alive], timeout=0.05):
-                candidate = next(c for c in alive if c.events is ready)
-                try:
-                    event = ready.recv()
-                except (EOFError, OSError):  # exited, or killed (a message cut short is dropped)
-                    candidate.finished = True
-                    continue
+            for candidate, event in receive(pool, 0.05):
                 events.append(event)
                 if event[0] == "elected":
                     leader[event[1]] = candidate
@@ -146,7 +161,7 @@ def _drill(setup: _Setup, seconds: float, rng: random.Random, seed: int) -> dict
                 os.kill(target.process.pid, signal.SIGKILL)
                 target.process.join(10)
                 faults.append((now, "kill_leader"))
-                pool.append(_Candidate(setup.store, setup.target, deadline, len(pool)))
+                pool.append(Reporter(_candidate_main, setup.store, setup.target, deadline, len(pool)))
             else:
                 os.kill(target.process.pid, signal.SIGSTOP)
                 target.stopped = True

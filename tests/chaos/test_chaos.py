@@ -10,34 +10,41 @@ import pytest
 
 from helpers.waiting import wait_until
 
-from . import election_drill, workload
+from . import election_drill, semaphore_drill, workload
 from .harness import RECOVERY_BOUND_S, _check, run
 from .proxy import FaultProxy
 
 #: Seconds of faults per store. The Redis Cluster's run also starts three nodes (about 3 s).
 #: Seconds of each store's election drill.
 ELECTION_SECONDS = 10.0
+#: Seconds of each store's semaphore drill.
+SEMAPHORE_SECONDS = 10.0
 SECONDS = {"memory": 10.0, "sqlite": 14.0, "redis": 14.0, "redis-cluster": 9.0, "dynamodb": 16.0, "postgres": 14.0}
 
 
-# Workers are processes (SIGKILL, SIGSTOP) except on memory; DynamoDB, Redis, the Redis Cluster and
-# PostgreSQL run their own servers.
-@pytest.mark.slow
-@pytest.mark.parametrize("store", [
-    pytest.param("memory"),
+#: The drills' stores: their workers are processes (SIGKILL, SIGSTOP), and all but SQLite need a server.
+PROCESS_STORES = [
     pytest.param("sqlite", marks=pytest.mark.posix),
     pytest.param("redis", marks=[pytest.mark.server, pytest.mark.posix]),
     pytest.param("redis-cluster", marks=[pytest.mark.server, pytest.mark.posix]),
     pytest.param("dynamodb", marks=[pytest.mark.server, pytest.mark.posix]),
     pytest.param("postgres", marks=[pytest.mark.server, pytest.mark.posix]),
-])
+]
+
+
+def need_server(store: str, request: pytest.FixtureRequest) -> None:
+    """Start the session's server for ``store``: skips (or fails under CI=true) without it."""
+    fixture = {"redis": "redis_url", "redis-cluster": "redis_cluster_url", "postgres": "postgres_dsn"}.get(store)
+    if fixture is not None:
+        request.getfixturevalue(fixture)
+
+
+# Workers are processes (SIGKILL, SIGSTOP) except on memory; DynamoDB, Redis, the Redis Cluster and
+# PostgreSQL run their own servers.
+@pytest.mark.slow
+@pytest.mark.parametrize("store", [pytest.param("memory"), *PROCESS_STORES])
 def test_mutual_exclusion_holds_under_faults(store, request):
-    if store == "redis":
-        request.getfixturevalue("redis_url")  # skips (or fails under CI=true) without a redis-server
-    if store == "redis-cluster":
-        request.getfixturevalue("redis_cluster_url")  # the same without redis-cli or Redis 7
-    if store == "postgres":
-        request.getfixturevalue("postgres_dsn")  # the same without PostgreSQL
+    need_server(store, request)
     lines: list[str] = []
     report = run(store, SECONDS[store], say=lines.append)
     print(report.line())
@@ -48,17 +55,9 @@ def test_mutual_exclusion_holds_under_faults(store, request):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store", [
-    pytest.param("sqlite", marks=pytest.mark.posix),
-    pytest.param("redis", marks=[pytest.mark.server, pytest.mark.posix]),
-    pytest.param("redis-cluster", marks=[pytest.mark.server, pytest.mark.posix]),
-    pytest.param("dynamodb", marks=[pytest.mark.server, pytest.mark.posix]),
-    pytest.param("postgres", marks=[pytest.mark.server, pytest.mark.posix]),
-])
+@pytest.mark.parametrize("store", PROCESS_STORES)
 def test_no_two_leaders_at_once_and_terms_rise_under_kills_and_pauses(store, request):
-    fixture = {"redis": "redis_url", "redis-cluster": "redis_cluster_url", "postgres": "postgres_dsn"}.get(store)
-    if fixture is not None:
-        request.getfixturevalue(fixture)  # skips (or fails under CI=true) without the server
+    need_server(store, request)
     lines: list[str] = []
     report = election_drill.run(store, ELECTION_SECONDS, say=lines.append)
     print(election_drill.line(report))
@@ -172,3 +171,33 @@ def test_the_proxy_loses_responses_delays_commits_and_partitions(redis_url, redi
         if proxied is not None:
             proxied.close()
         proxy.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", PROCESS_STORES)
+def test_never_more_than_the_limit_hold_a_semaphore_under_kills_and_pauses(store, request):
+    need_server(store, request)
+    lines: list[str] = []
+    report = semaphore_drill.run(store, SEMAPHORE_SECONDS, say=lines.append)
+    print(semaphore_drill.line(report))
+    assert report["kills"] + report["pauses"] >= 2 and report["holds"] >= 10, report
+    assert (report["over_limit"], report["overlaps"], report["decreasing"]) == (False, [], 0), \
+        semaphore_drill.line(report)
+    assert report["worst_recovery_s"] <= semaphore_drill.RECOVERY_BOUND_S, semaphore_drill.line(report)
+
+
+def test_the_semaphore_checker_catches_too_many_holders_overlaps_old_tokens_and_no_recovery():
+    clean = [("acquired", "a", 0, 1, 0.0), ("valid", "a", 0.9), ("ending", "a", 0.5),
+             ("acquired", "b", 1, 1, 0.1), ("valid", "b", 0.8),
+             ("acquired", "c", 0, 2, 0.6), ("valid", "c", 1.5)]
+    report = semaphore_drill.check(clean, [], 2)
+    assert (report["most_valid_at_once"], report["over_limit"], report["overlaps"], report["decreasing"]) == \
+        (2, False, [], 0)
+    three = [*clean, ("acquired", "d", 1, 2, 0.7), ("valid", "d", 1.0), ("acquired", "e", 2, 1, 0.75)]
+    assert semaphore_drill.check(three, [], 2)["over_limit"] is True  # c, d and e at 0.75
+    killed = [("acquired", "a", 0, 1, 0.0), ("valid", "a", 0.9), ("acquired", "c", 0, 2, 0.6)]  # its claim stands
+    assert semaphore_drill.check(killed, [], 2)["overlaps"] == [(0, "a", "c", pytest.approx(0.3))]
+    backwards = [("acquired", "a", 0, 2, 0.0), ("ending", "a", 0.1), ("acquired", "c", 0, 1, 0.2)]
+    assert semaphore_drill.check(backwards, [], 2)["decreasing"] == 1
+    assert semaphore_drill.check(clean, [(0.55, "kill_holder", 0)], 2)["worst_recovery_s"] == pytest.approx(0.05)
+    assert semaphore_drill.check(clean, [(0.7, "kill_holder", 0)], 2)["worst_recovery_s"] == float("inf")

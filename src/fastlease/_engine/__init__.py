@@ -14,18 +14,28 @@ The modules, each importing only those before it:
 * ``scheduler``: the renewal scheduler, and what it asks of a lease (``Renewable``);
 * ``engine``: the engine's state per client, the observer it tells, fork detection;
 * ``held``: a lease's state and how it is kept (validity, loss, renewal here or by the renewal process);
-* ``lease``: the lease's acquisition and release.
+* ``lease``: the lease's acquisition and release;
+* ``slots``: a semaphore's acquisition, a lease on the first free one of its slot keys.
 """
 
 from __future__ import annotations
 
-from . import contention, engine, held, keys, lease, scheduler, timing
+from . import contention, engine, held, keys, lease, scheduler, slots, timing
 from .contention import ObservationCache, ReleaseSignals
 from .engine import Engine, Observer, check_not_forked, current_pid
 from .held import STATE_NAMES, HeldLease
-from .keys import CallKey, KeyTemplate, check_key, check_row
+from .keys import (
+    SEMAPHORE_OWNER,
+    CallKey,
+    KeyTemplate,
+    check_holder_kind,
+    check_key,
+    check_row,
+    holder_kind,
+)
 from .lease import Lease, describe_store_error
 from .scheduler import Renewable, RenewalScheduler
+from .slots import MAX_LIMIT, SLOT_SEPARATOR, SlotLease, check_limit, slot_keys
 from .timing import (
     DELEGATE_MIN_LEASE_MS,
     MAX_DURATION_MS,
@@ -45,7 +55,7 @@ from .timing import (
 
 #: The engine's modules, in the order they import each other (tests/test_layers.py checks it); fastlease._impl
 #: checks each for a stale build.
-MODULES = (timing, keys, contention, scheduler, engine, held, lease)
+MODULES = (timing, keys, contention, scheduler, engine, held, lease, slots)
 
 
 def _implementation() -> str:
@@ -64,4 +74,6 @@ __all__ = [
     "YIELD_WINDOW_MS", "IMPLEMENTATION", "MODULES", "CallKey", "Clock", "Engine", "HeldLease", "KeyTemplate",
     "Lease", "ObservationCache", "Observer", "ReleaseSignals", "Renewable", "RenewalScheduler", "SystemClock",
     "check_key", "check_not_forked", "check_row", "current_pid", "describe_store_error", "new_token",
+    "MAX_LIMIT", "SEMAPHORE_OWNER", "SLOT_SEPARATOR", "SlotLease", "check_holder_kind", "check_limit", "holder_kind",
+    "slot_keys",
 ]

@@ -44,6 +44,8 @@ cdef class HeldLease(Renewable):
     cdef RenewalScheduler _scheduler
     cdef ReleaseSignals _signals
     cdef tuple _cache_key
+    cdef tuple _signal_key
+    cdef str _kind
     cdef Mutex _mutex
     cdef readonly int state
     cdef readonly object lost_cause

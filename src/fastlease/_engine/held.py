@@ -89,6 +89,7 @@ class HeldLease(Renewable):
         self._renewal_stopped = False  # max_hold reached; renewal thread only
         self._client = client  # handed back by the ``client`` property; the engine reads only ``engine``
         self._cache_key = (table, key)
+        self._signal_key = self._cache_key  # where this client's waiters queue: a semaphore's slots share one
         self._mutex = new_mutex()
         # The observer's record of this hold (what Observer.acquired returned), or None: set by the
         # caller's thread at the acquisition, taken (back to None) by the end of the hold.
@@ -108,6 +109,7 @@ class HeldLease(Renewable):
         # Put before each new owner id (an election's candidate identity and "/"; else empty): set
         # before the acquisition, by the layer above.
         self.owner_prefix = ""
+        self._kind = ""  # whose rows may hold the key: "" a lock's; a semaphore's slots, "sem:<limit>:"
         # Written under _mutex by whichever thread confirms a write (acquire: caller; renew: renewal).
         self.version: Optional[str] = None
         # The store's fencing token of this acquisition (strictly increasing per key), where the store

@@ -12,6 +12,8 @@ cdef extern from "source_crc.h":  # BUILT_FROM in keys.py: the CRC-32 of the sou
 @cython.locals(size=Py_ssize_t)
 cpdef str check_key(object key)
 cpdef check_row(object row, str key)
+cpdef check_holder_kind(str owner, str kind, str key)
+cpdef str holder_kind(str owner)
 
 
 @cython.final

@@ -4,7 +4,7 @@ templates resolved from a call's arguments."""
 
 from __future__ import annotations
 
-from ..exceptions import MalformedLockRow
+from ..exceptions import KeyKindMismatch, MalformedLockRow
 from .timing import MAX_DURATION_MS, MAX_KEY_BYTES, MIN_LEASE_MS, PROTOCOL_V1
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
@@ -49,6 +49,29 @@ def check_row(row: Any, key: str) -> None:
         raise MalformedLockRow(f"lock row for {key!r} has an invalid owner or version", key=key)
     if type(lease_ms) is not int or not MIN_LEASE_MS <= lease_ms <= MAX_DURATION_MS:
         raise MalformedLockRow(f"lock row for {key!r} has lease_ms {lease_ms!r} outside 100-86400000", key=key)
+
+
+#: Every owner id a semaphore's holder writes begins with this, its limit and ":" (``sem:3:``); a
+#: lock's owner ids (UUID4s, after an election's ``identity/``) cannot.
+SEMAPHORE_OWNER = "sem:"
+
+
+def check_holder_kind(owner: str, kind: str, key: str) -> None:
+    """Refuse a row held under another use of ``key``: ``kind`` is ``""`` for a lock, which refuses a
+    semaphore's holder, or a semaphore's ``sem:<limit>:``, which refuses a lock's holder and another
+    limit's. Both sides check, so a lock and a semaphore never both wait on, or take over, the other."""
+    if owner.startswith(kind) and (kind or not owner.startswith(SEMAPHORE_OWNER)):
+        return
+    raise KeyKindMismatch(f"{key!r} is held by {holder_kind(owner)}, and this is {holder_kind(kind)}: "
+                          "a lock and a semaphore, or semaphores of two limits, cannot share a key; "
+                          "change one key (or the limit)", key=key)
+
+
+def holder_kind(owner: str) -> str:
+    """What an owner id (or a kind) says its holder is: ``a lock`` or ``a semaphore of limit N``."""
+    if not owner.startswith(SEMAPHORE_OWNER):
+        return "a lock"
+    return f"a semaphore of limit {owner[len(SEMAPHORE_OWNER):].partition(':')[0]}"
 
 
 # ---------------------------------------------------------------------------------------------

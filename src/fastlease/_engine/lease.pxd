@@ -20,38 +20,58 @@ cdef int64_t _NS_PER_MS
 
 
 
-@cython.final
+# Not final: slots.SlotLease (a semaphore's acquisition) overrides _attempt and _wait_ran_out; every other C
+# method is final, so that calls to it stay direct (not through the class's table of methods).
 cdef class Lease(HeldLease):
+    @cython.final
     cdef _wait_turn(self, ReleaseSignals signals, int64_t delay_ns, bint after_attempt)
     @cython.locals(state=int)
+    @cython.final
     cdef _fail_acquisition(self, int64_t start_ns, object error)
+    @cython.final
     cdef _mark_waiting(self, str owner, str version, int64_t deadline_ns)
+    @cython.final
     cdef object _put_or_read(self, int64_t deadline_ns)
     @cython.locals(now_ns=int64_t)
+    @cython.final
     cdef object _read(self, int64_t deadline_ns)
+    @cython.final
     cdef bint _put(self, int64_t deadline_ns) except -1
+    @cython.final
     cdef bint _take_over(self, str seen_owner, str seen_version, int64_t deadline_ns) except -1
+    @cython.final
     cdef bint _reconcile_or_keep_pending(self, int64_t deadline_ns) except -1
+    @cython.final
     cdef object _reconcile_acquisition(self, int64_t deadline_ns)
     @cython.locals(start_ns=int64_t, deadline_ns=int64_t, backoff_ns=int64_t, delay_ns=int64_t,
                    remaining_ns=int64_t, acquired=bint, reached=bint, signals=ReleaseSignals)
     cpdef acquire(self)
+    @cython.final
     cdef _begin_acquisition(self)
     @cython.locals(courtesy_ns=int64_t)
+    @cython.final
     cdef _let_a_waiter_go_first(self, ReleaseSignals signals)
     cdef object _wait_ran_out(self, object last_error, bint reached)
     @cython.locals(now_ns=int64_t, remaining_ns=int64_t, seen_ns=int64_t, stored_lease_ms=int64_t)
     cdef bint _attempt(self, int64_t deadline_ns) except -1
     @cython.locals(mono_ns=int64_t, wall_ns=int64_t, timeout_s=double)
+    @cython.final
     cdef bint _acquisition_write(self, int64_t deadline_ns, object seen_owner, object seen_version) except -1
+    @cython.final
     cdef bint _confirm(self, str owner, str version, int64_t mono_ns, int64_t wall_ns, object fence) except -1
     @cython.locals(budget_ns=int64_t, deleted=bint)
     cpdef release(self)
     @cython.locals(lapsed=bint, synced=bint)
+    @cython.final
     cdef bint _begin_release(self) except -1
+    @cython.final
     cdef object _loss_at_release(self, bint deleted)
+    @cython.final
     cdef _hold_ended(self, object error)
+    @cython.final
     cdef int64_t _pause_before_retry(self, int64_t backoff_ns, int64_t deadline_ns) except? -1
+    @cython.final
     cdef bint _delete_owned(self, object owner, int64_t budget_ns, bint raise_on_failure=*) except -1
     @cython.locals(backoff_ns=int64_t, now_ns=int64_t, ambiguous=bint, applied=bint, landed_now=bint, timeout_s=double)
+    @cython.final
     cdef object _write_reconciled(self, object owner, object write, object landed, int64_t deadline_ns)

@@ -18,7 +18,7 @@ from ..exceptions import LockLost, LockNotAcquired, LockReleaseError, StoreError
 from ..stores.base import DELETED_WITH_WAITERS, NOT_DELETED
 from .engine import check_not_forked
 from .held import ACQUIRING, FAILED, HELD, LOST, NEW, RELEASED, RELEASING, STATE_NAMES, HeldLease
-from .keys import check_row
+from .keys import check_holder_kind, check_row
 from .timing import (
     DELEGATE_MIN_LEASE_MS,
     ERROR_BACKOFF_MS,
@@ -48,8 +48,6 @@ _log = get_logger("fastlease.engine")
 
 
 # ---------------------------------------------------------------------------------------------
-# Rows read from a store
-# ---------------------------------------------------------------------------------------------
 def describe_store_error(error: BaseException) -> str:
     """``StoreError`` text for messages, led by the type of the failure under it when there is one
     (``ConnectionRefusedError: ...``), which is what a reader looks for first."""
@@ -77,7 +75,7 @@ class Lease(HeldLease):
         signals = self._signals
         acquired = False
         try:
-            if self.wait_ms and signals.should_yield(self._cache_key, start_ns):
+            if self.wait_ms and signals.should_yield(self._signal_key, start_ns):
                 self._let_a_waiter_go_first(signals)
             while True:
                 if self._ticket is not None:
@@ -111,7 +109,7 @@ class Lease(HeldLease):
             raise
         finally:
             if self._ticket is not None:
-                signals.leave(self._cache_key, self._ticket, acquired)
+                signals.leave(self._signal_key, self._ticket, acquired)
             if self._watch is not None:
                 self._feed.unwatch(self._watch)
                 self._watch = None
@@ -185,11 +183,11 @@ class Lease(HeldLease):
                 self._clock.wait(watch.ready, delay_ns / 1e9)
                 if after_attempt:
                     return
-        signals.wait(self._clock, self._cache_key, self._ticket, delay_ns / 1e9)
+        signals.wait(self._clock, self._signal_key, self._ticket, delay_ns / 1e9)
 
     def _wake_on_release(self) -> None:
         """The feed saw the key released somewhere: wake this client's oldest waiter on it."""
-        self._signals.notify(self._cache_key)
+        self._signals.notify(self._signal_key)
 
     def _fail_acquisition(self, start_ns: int, error: Optional[BaseException]) -> None:
         """The acquisition is abandoned (budget spent or cancelled: ``error`` None; an error, an
@@ -232,6 +230,7 @@ class Lease(HeldLease):
         check_row(row, self.key)
         self._row_seen = True
         owner, version, stored_lease_ms, _, waiting, _ = row
+        check_holder_kind(owner, self._kind, self.key)  # a lock's row to a semaphore, or the reverse
         now_ns = self._mono()
         seen_ns = self._observations.observe(self._cache_key, owner, version, stored_lease_ms, now_ns)
         self._seen_unchanged_ns, self._seen_lease_ms = seen_ns, stored_lease_ms
@@ -461,7 +460,7 @@ class Lease(HeldLease):
         """After the release's delete: None if the lease was held to the end, else the LockLost that
         says how ownership ended before it."""
         if deleted:
-            self._signals.released(self._cache_key, self._others_waiting, self._mono())
+            self._signals.released(self._signal_key, self._others_waiting, self._mono())
             cause = self.lost_cause
             if cause is None:
                 return None
@@ -494,7 +493,7 @@ class Lease(HeldLease):
             self.state = RELEASED
         self._scheduler.cancel(self)
         self._end_delegation()
-        self._signals.released(self._cache_key, False, self._mono())
+        self._signals.released(self._signal_key, False, self._mono())
         if self._observed is not None:
             self._hold_ended(None)
 

@@ -1,0 +1,128 @@
+# cython: language_level=3, embedsignature=True, freethreading_compatible=True, annotation_typing=False
+"""A semaphore's acquisition: a lease on the first free one of ``limit`` slot keys.
+
+A semaphore of limit N is N lease keys, its slots: the key itself, then ``<key>#slot1`` up to
+``<key>#slot<N-1>``. Holding a slot is holding a lease on its key, so everything the protocol says
+of a lease holds for it unchanged (validity, renewal and the renewal process, takeover only after a
+whole lease of an unchanged row, reconciliation, the slot's own fencing token, release), and at most
+N holders are valid at once because at most one is valid per slot. This module adds only which key
+an attempt writes: the slots in order, from the first, until one is held. The slots' holders write
+owner ids that begin ``sem:<limit>:``, which is how a lock and a semaphore, or two limits, on one
+key refuse each other (``keys.check_holder_kind``).
+"""
+
+from __future__ import annotations
+
+from ..exceptions import LockNotAcquired
+from .keys import SEMAPHORE_OWNER, check_key
+from .lease import Lease, describe_store_error
+from .timing import MAX_KEY_BYTES, seconds_text
+from .timing import NS_PER_MS as _NS_PER_MS
+
+TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
+if TYPE_CHECKING:  # annotations only
+    from typing import Any, Callable, Optional
+
+    from ..exceptions import LockLost
+
+BUILT_FROM = "" if __file__.endswith((".py", ".pyc")) else FASTLEASE_SOURCE_CRC.decode("ascii")  # type: ignore[name-defined]  # noqa: F821
+
+#: The largest limit: a waiting attempt may read every slot, so the limit bounds its requests.
+MAX_LIMIT = 256
+#: Between a semaphore's key and a slot's number in the keys of its slots after the first.
+SLOT_SEPARATOR = "#slot"
+
+
+def check_limit(limit: object) -> int:
+    """Return ``limit`` if it is an int of 1-256, else raise TypeError/ValueError."""
+    if type(limit) is not int:
+        raise TypeError(f"limit must be an int, got {type(limit).__name__}: {limit!r:.80}")
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit must be between 1 and {MAX_LIMIT} holders, got {limit!r}")
+    return limit
+
+
+def slot_keys(key: object, limit: object) -> tuple[str, ...]:
+    """The keys of the slots of the semaphore ``key`` of ``limit``: ``key`` itself, then ``key#slot1``
+    to ``key#slot<limit-1>``. Raises TypeError/ValueError for a bad key or limit, or when the last
+    slot's key would be longer than a key may be."""
+    base = check_key(key)
+    count = check_limit(limit)
+    # The last slot's suffix, the longest. (Not read back from the tuple below: Cython 3.3.1 types an item
+    # taken by a constant index from a tuple display with a starred part as that part, here a list, and
+    # slicing it as one crashed the compiled engine.)
+    suffix = f"{SLOT_SEPARATOR}{count - 1}" if count > 1 else ""
+    if len(base.encode("utf-8")) + len(suffix) > MAX_KEY_BYTES:
+        raise ValueError(f"a semaphore's key must leave room for its slots' suffix ({suffix!r}) within "
+                         f"{MAX_KEY_BYTES} UTF-8 bytes: shorten {base!r:.80}")
+    return (base, *[f"{base}{SLOT_SEPARATOR}{slot}" for slot in range(1, count)])
+
+
+class SlotLease(Lease):
+    """One acquisition of one slot of a semaphore: a ``Lease`` whose attempts try the slots in order.
+
+    Once held, it is the lease on its slot's key: ``key`` is that slot's key and ``slot`` its number
+    (``semaphore_key`` stays the semaphore's). ``identity`` goes into the owner ids it writes after
+    ``sem:<limit>:`` (for ``holders``). This client's waiters on any slot of the semaphore queue as one,
+    so a slot released here wakes the oldest of them."""
+
+    def __init__(
+        self,
+        client: Any,
+        table: str,
+        key: str,
+        limit: int,
+        lease_ms: int,
+        wait_ms: int,
+        max_hold_ms: int = 0,
+        on_lost: Optional[Callable[[LockLost], object]] = None,
+        identity: str = "",
+    ) -> None:
+        keys = slot_keys(key, limit)
+        Lease.__init__(self, client, table, key, lease_ms, wait_ms, max_hold_ms, on_lost)
+        self.semaphore_key = key
+        self.limit = limit
+        self.slot = 0
+        self._slot_keys = keys
+        self._slots_seen = [False] * limit  # which slots this acquisition has seen held: those it reads first
+        self._kind = f"{SEMAPHORE_OWNER}{limit}:"
+        self.owner_prefix = f"{self._kind}{identity}/"
+        self._signal_key = (self.table, "\x00semaphore\x00" + key)  # (NUL: no lock's key can be it)
+
+    def _attempt(self, deadline_ns: int) -> bool:
+        """One step: each slot in order, from the first, as a lease's attempt; True once one is held.
+        A write of unknown outcome is reconciled first: the step then starts at its slot. When every
+        slot is held, ``_hint_ns`` is the shortest wait that any slot's holder asked for."""
+        first = self.slot if self._pending is not None else 0
+        hint_ns = -1
+        for slot in range(first, self.limit):
+            self._aim(slot)
+            if Lease._attempt(self, deadline_ns):
+                return True
+            self._slots_seen[slot] = self._row_seen
+            if hint_ns < 0 or self._hint_ns < hint_ns:
+                hint_ns = self._hint_ns
+        self._hint_ns = hint_ns
+        return False
+
+    def _aim(self, slot: int) -> None:
+        """Point the lease at ``slot``: its key, its observations, and whether it was seen held."""
+        self.slot = slot
+        self.key = self._slot_keys[slot]
+        self._cache_key = (self.table, self.key)
+        self._row_seen = self._slots_seen[slot]
+
+    def _wait_ran_out(self, last_error: Optional[BaseException], reached: bool) -> LockNotAcquired:
+        """The wait budget is spent with every slot held: the error names the semaphore, and says how
+        many of its slots this very client holds (guards are not reentrant)."""
+        self._wait_timeouts += 1
+        budget = seconds_text(self.wait_ms * _NS_PER_MS)
+        message = (f"no slot of semaphore {self.semaphore_key!r} (limit {self.limit}) in table {self.table!r} "
+                   f"acquired within {budget}")
+        if last_error is not None:
+            message += f"; last store error: {describe_store_error(last_error)}"
+        else:
+            mine = sum(1 for key in self._slot_keys if self._scheduler.holds((self.table, key), self))
+            if mine:
+                message += f"; this client holds {mine} of its {self.limit} slots itself"
+        return LockNotAcquired(message, key=self.semaphore_key)
