@@ -134,6 +134,7 @@ bench: $(INSTALLED) postgresql
 	$(PY) bench/idempotency.py
 	$(PY) bench/postgres_cycle.py
 	$(PY) bench/election.py
+	$(PY) bench/semaphore.py
 
 clean:
 	rm -rf $(VENV) .venv-[0-9]* build dist src/*.egg-info src/fastlease/_core.c src/fastlease/_engine/*.c src/fastlease/*.so src/fastlease/_engine/*.so

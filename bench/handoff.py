@@ -35,6 +35,11 @@ WORK_S = 0.005
 TABLE = "handoff_locks"
 #: The Redis peers (bench/redis_peers.py), run only in the Redis section.
 REDIS_PEERS = ("redis-py", "redis_lock", "article")
+#: bench/semaphore.py's setups: fastlease's Semaphore of SEMAPHORE_LIMIT, and the semaphore built by hand
+#: from that many redis-py Locks (bench/redis_peers.py).
+SEMAPHORE = "semaphore"
+SEMAPHORE_PEERS = ("redis-py-semaphore",)
+SEMAPHORE_LIMIT = 3
 #: The sections of a run, in order (``--stores``).
 SECTIONS = ("memory", "dynamodb", "redis", "redis-cluster")
 #: Width of the setup column.
@@ -57,7 +62,12 @@ def run_worker(library: str, client: Any, seconds: float, start_at: float) -> di
 
         def guard() -> Any:
             return SyncDistributedLock(client, table=TABLE, key="hot", lease_duration=30, wait_timeout=5)
-    elif library in REDIS_PEERS:
+    elif library == SEMAPHORE:
+        from fastlease import LockNotAcquired, Semaphore
+
+        def guard() -> Any:
+            return Semaphore(client, table=TABLE, key="hot", limit=SEMAPHORE_LIMIT, lease_duration=30, wait_timeout=5)
+    elif library in REDIS_PEERS or library in SEMAPHORE_PEERS:
         import redis_peers
 
         LockNotAcquired = redis_peers.NotAcquired  # type: ignore[misc,assignment]  # noqa: N806
@@ -84,12 +94,13 @@ def run_worker(library: str, client: Any, seconds: float, start_at: float) -> di
         def guard() -> Any:
             return PydynoxLock(client, table=TABLE, key="hot", lease_duration=30, wait_timeout=5)
 
-    holds, reads, waited_ms = [], 0, 0.0
+    holds, waits, reads, waited_ms = [], [], 0, 0.0
     while time.monotonic() < start_at:
         time.sleep(0.001)
     deadline = start_at + seconds
     while time.monotonic() < deadline:
         lock = guard()
+        tried = time.monotonic()
         try:
             with lock:
                 acquired = time.monotonic()
@@ -103,9 +114,10 @@ def run_worker(library: str, client: Any, seconds: float, start_at: float) -> di
                 reads += metrics.read_requests
                 waited_ms += metrics.wait_ms
         holds.append((acquired, released))
-    if library in REDIS_PEERS or library == ADVISORY:
-        return {"holds": holds, "reads": None, "waited_ms": 0.0}
-    return {"holds": holds, "reads": reads, "waited_ms": waited_ms}
+        waits.append(acquired - tried)
+    if library in REDIS_PEERS or library in SEMAPHORE_PEERS or library == ADVISORY:
+        return {"holds": holds, "waits": waits, "reads": None, "waited_ms": 0.0}
+    return {"holds": holds, "waits": waits, "reads": reads, "waited_ms": waited_ms}
 
 
 def process_worker(library: str, endpoint: str, seconds: float, start: Any, go: Any, out: Any) -> None:
@@ -118,15 +130,15 @@ def process_worker(library: str, endpoint: str, seconds: float, start: Any, go: 
     elif endpoint.startswith(("redis://", "redis+cluster://")):
         from fastlease.redis import RedisClient
 
-        if library in REDIS_PEERS:
+        if library in REDIS_PEERS or library in SEMAPHORE_PEERS:
             import redis
             import redis_peers
 
             client = (redis.Redis.from_url(endpoint) if endpoint.startswith("redis://")
                       else redis_peers.cluster_client(endpoint))
         else:
-            client = RedisClient(endpoint, wake_on_release=library == "fastlease")
-            library = "fastlease"
+            client = RedisClient(endpoint, wake_on_release=library != "fastlease-polling")
+            library = "fastlease" if library == "fastlease-polling" else library
     elif endpoint.startswith("postgresql://"):
         if library == ADVISORY:
             import psycopg
@@ -148,12 +160,12 @@ def process_worker(library: str, endpoint: str, seconds: float, start: Any, go: 
         client = PydynoxClient(region="us-east-1", access_key="testing", secret_key="testing", endpoint_url=endpoint)
     out.send("ready")
     if not go.wait(READY_TIMEOUT_S):
-        out.send({"holds": [], "reads": 0, "waited_ms": 0.0, "error": "no start signal from the parent"})
+        out.send({"holds": [], "waits": [], "reads": 0, "waited_ms": 0.0, "error": "no start signal from the parent"})
         return
     try:
         out.send(run_worker(library, client, seconds, start.value))
     except BaseException as error:  # reported by the parent, not lost with the process
-        out.send({"holds": [], "reads": 0, "waited_ms": 0.0, "error": f"{type(error).__name__}: {error}"})
+        out.send({"holds": [], "waits": [], "reads": 0, "waited_ms": 0.0, "error": f"{type(error).__name__}: {error}"})
 
 
 def summarise(name: str, results: list[dict[str, Any]]) -> None:
@@ -209,20 +221,20 @@ def threads_on_memory(library: str, seconds: float) -> list[dict[str, Any]]:
     return results
 
 
-def processes_on(library: str, endpoint: str, seconds: float) -> list[dict[str, Any]]:
-    """WORKERS spawned processes, one client each, on the store at ``endpoint`` (moto, redis://,
+def processes_on(library: str, endpoint: str, seconds: float, workers: int = WORKERS) -> list[dict[str, Any]]:
+    """``workers`` spawned processes, one client each, on the store at ``endpoint`` (moto, redis://,
     redis+cluster://, postgresql:// or sqlite:PATH), all starting at one moment once every one is ready."""
     context = multiprocessing.get_context("spawn")
     start, go = context.Value("d", 0.0), context.Event()
     pipes, processes = [], []
-    for _ in range(WORKERS):
+    for _ in range(workers):
         receiver, sender = context.Pipe(duplex=False)
         process = context.Process(target=process_worker, args=(library, endpoint, seconds, start, go, sender))
         process.start()
         pipes.append(receiver)
         processes.append(process)
     try:
-        silent = {"holds": [], "reads": 0, "waited_ms": 0.0, "error": "no report (the process died)"}
+        silent = {"holds": [], "waits": [], "reads": 0, "waited_ms": 0.0, "error": "no report (the process died)"}
         ready, ready_by = [], time.monotonic() + READY_TIMEOUT_S
         for pipe in pipes:  # a worker that died or hangs before it is ready is left out (and reported)
             try:

@@ -170,6 +170,39 @@ def test_a_slot_freed_in_this_client_wakes_its_waiter_at_once(make_client):
     held[0].release()
 
 
+class RecordingFeed:
+    """A release feed (fastlease.stores.base.ReleaseFeed) that reports nothing and records what is watched."""
+
+    def __init__(self):
+        self.watched = []
+
+    def watch(self, table, key, wake):
+        ready = threading.Event()
+        ready.set()
+        watch = type("Watch", (), {"ready": ready, "was_ready": True, "key": key})()
+        self.watched.append(watch)
+        return watch
+
+    def unwatch(self, watch):
+        self.watched.remove(watch)
+
+
+def test_a_waiter_watches_every_slot_on_the_release_feed_until_it_holds_one(make_client):
+    client = make_client()
+    feed = client.engine.release_feed = RecordingFeed()
+    held = [Semaphore(client, table="locks", key="k", limit=3, wait_timeout=0).acquire() for _ in range(3)]
+    thread = threading.Thread(target=lambda: Semaphore(client, table="locks", key="k", limit=3,
+                                                       wait_timeout=BOUND_S).acquire().release(), daemon=True)
+    thread.start()
+    wait_until(lambda: len(feed.watched) == 3, BOUND_S, "a watch on each of the three slots")
+    assert sorted(watch.key for watch in feed.watched) == ["k", "k#slot1", "k#slot2"]
+    held[0].release()  # slot 0, which the lease's own watch is not on
+    thread.join(BOUND_S)
+    assert not thread.is_alive() and feed.watched == []  # every watch ended with the acquisition
+    for guard in held[1:]:
+        guard.release()
+
+
 def test_holders_says_who_holds_which_slot(make_client):
     client = make_client()
     a = Semaphore(client, table="locks", key="k", limit=3, identity="a").acquire()

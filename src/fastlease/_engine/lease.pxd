@@ -20,10 +20,9 @@ cdef int64_t _NS_PER_MS
 
 
 
-# Not final: slots.SlotLease (a semaphore's acquisition) overrides _attempt and _wait_ran_out; every other C
+# Not final: slots.SlotLease (a semaphore's acquisition) overrides _attempt, _wait_turn and _wait_ran_out; every other C
 # method is final, so that calls to it stay direct (not through the class's table of methods).
 cdef class Lease(HeldLease):
-    @cython.final
     cdef _wait_turn(self, ReleaseSignals signals, int64_t delay_ns, bint after_attempt)
     @cython.locals(state=int)
     @cython.final

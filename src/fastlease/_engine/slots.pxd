@@ -6,6 +6,7 @@ cimport cython
 from libc.stdint cimport int64_t
 
 from fastlease._engine.keys cimport check_key
+from fastlease._engine.contention cimport ReleaseSignals
 from fastlease._engine.lease cimport Lease
 
 cdef extern from "source_crc.h":  # BUILT_FROM in slots.py: the CRC-32 of the source, from setup.py
@@ -22,6 +23,10 @@ cdef class SlotLease(Lease):
     cdef readonly int slot
     cdef tuple _slot_keys
     cdef list _slots_seen
+    cdef list _slot_watches
+
+    cpdef acquire(self)
+    cdef _wait_turn(self, ReleaseSignals signals, int64_t delay_ns, bint after_attempt)
 
     @cython.locals(first=int, slot=int, hint_ns=int64_t)
     cdef bint _attempt(self, int64_t deadline_ns) except -1

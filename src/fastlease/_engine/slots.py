@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # annotations only
     from typing import Any, Callable, Optional
 
     from ..exceptions import LockLost
+    from .contention import ReleaseSignals
 
 BUILT_FROM = "" if __file__.endswith((".py", ".pyc")) else FASTLEASE_SOURCE_CRC.decode("ascii")  # type: ignore[name-defined]  # noqa: F821
 
@@ -88,6 +89,17 @@ class SlotLease(Lease):
         self._kind = f"{SEMAPHORE_OWNER}{limit}:"
         self.owner_prefix = f"{self._kind}{identity}/"
         self._signal_key = (self.table, "\x00semaphore\x00" + key)  # (NUL: no lock's key can be it)
+        self._slot_watches: list[Any] = []  # the release feed's watches of the slots the lease's own does not watch
+
+    def acquire(self) -> None:
+        """A lease's acquisition of the first free slot; the release feed's watches of the other slots
+        end with it."""
+        try:
+            Lease.acquire(self)
+        finally:
+            watches, self._slot_watches = self._slot_watches, []
+            for watch in watches:
+                self._feed.unwatch(watch)
 
     def _attempt(self, deadline_ns: int) -> bool:
         """One step: each slot in order, from the first, as a lease's attempt; True once one is held.
@@ -104,6 +116,14 @@ class SlotLease(Lease):
                 hint_ns = self._hint_ns
         self._hint_ns = hint_ns
         return False
+
+    def _wait_turn(self, signals: ReleaseSignals, delay_ns: int, after_attempt: bool) -> None:
+        """A lease's wait, woken by the release of any slot: where the store has a release feed, the
+        first wait also watches every slot but the one the lease's own watch is on (the current one)."""
+        if self._feed is not None and self._watch is None:
+            self._slot_watches = [self._feed.watch(self.table, key, self._wake_on_release)
+                                  for key in self._slot_keys if key != self.key]
+        Lease._wait_turn(self, signals, delay_ns, after_attempt)
 
     def _aim(self, slot: int) -> None:
         """Point the lease at ``slot``: its key, its observations, and whether it was seen held."""
