@@ -311,3 +311,34 @@ def test_on_every_store_at_most_limit_hold_and_a_freed_slot_goes_to_the_waiter(m
         if second.state == "held":
             second.release()
     assert c.holders("locks", key, limit=2) == []
+
+
+def test_check_in_guards_the_callers_transaction_with_the_slot_held(tmp_path):
+    import sqlite3
+
+    from fastlease import SQLiteClient
+    from fastlease.testing import NO_USAGE
+
+    client = SQLiteClient(tmp_path / "app.db")
+    db = sqlite3.connect(tmp_path / "app.db", isolation_level=None)
+    try:
+        db.execute("CREATE TABLE reports (day TEXT PRIMARY KEY)")
+        with Semaphore(client, table="locks", key="reports", limit=2) as other:
+            lease = Semaphore(client, table="locks", key="reports", limit=2).acquire()
+            assert (other.slot, lease.slot) == (0, 1)
+            db.execute("BEGIN IMMEDIATE")
+            lease.check_in(db)  # the slot's row, not the semaphore's key
+            db.execute("INSERT INTO reports VALUES ('2026-12-04')")
+            db.execute("COMMIT")
+            assert client.store.delete_if_owner("locks", "reports#slot1", lease.owner, 5.0, NO_USAGE)
+            db.execute("BEGIN IMMEDIATE")
+            with pytest.raises(LockLost) as lost:
+                lease.check_in(db)  # the slot was taken from under it: nothing may commit
+            db.execute("ROLLBACK")
+            assert lost.value.cause == "stolen"
+            with pytest.raises(LockLost):
+                lease.release()
+    finally:
+        db.close()
+        client.close()
+    assert [row[0] for row in sqlite3.connect(tmp_path / "app.db").execute("SELECT day FROM reports")] == ["2026-12-04"]
