@@ -120,6 +120,7 @@ SECONDS ?= 600
 chaos: $(INSTALLED) redis-server postgresql
 	$(PY) -m tests.chaos --store all --seconds $(SECONDS)
 	$(PY) -m tests.chaos --election --store all --seconds $(SECONDS)
+	$(PY) -m tests.chaos --semaphore --store all --seconds $(SECONDS)
 
 bench: $(INSTALLED) postgresql
 	$(PY) bench/import_time.py

@@ -1,12 +1,13 @@
 """``python -m tests.chaos --store S --seconds N``: one chaos run; exit status 1 on any violation.
-``--election`` runs the election drill (``election_drill.py``) instead."""
+``--election`` runs the election drill (``election_drill.py``) instead, ``--semaphore`` the semaphore drill
+(``semaphore_drill.py``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import election_drill
+from . import election_drill, semaphore_drill
 from .harness import RECOVERY_BOUND_S, STORES, run
 
 
@@ -21,9 +22,12 @@ def main() -> int:
                         "stall, partition, reset (DynamoDB, Redis), drop_connection (PostgreSQL, Redis Cluster), "
                         "migrate_slot (Redis Cluster)")
     parser.add_argument("--election", action="store_true", help="the election drill: leaders killed and paused")
+    parser.add_argument("--semaphore", action="store_true", help="the semaphore drill: holders killed and paused")
     args = parser.parse_args()
     if args.election:
         return _elections(args.store, args.seconds, args.seed)
+    if args.semaphore:
+        return _semaphores(args.store, args.seconds, args.seed)
     failed = False
     for store in (STORES if args.store == "all" else (args.store,)):
         report = run(store, args.seconds, workers=args.workers, seed=args.seed,
@@ -49,6 +53,17 @@ def _elections(store: str, seconds: float, seed: int | None) -> int:
         print(election_drill.line(report), flush=True)
         failed = failed or bool(report["overlaps"] or report["decreasing"] or report["terms"] == 0
                                 or report["worst_failover_s"] > election_drill.FAILOVER_BOUND_S)
+    return 1 if failed else 0
+
+
+def _semaphores(store: str, seconds: float, seed: int | None) -> int:
+    failed = False
+    for each in (election_drill.STORES if store == "all" else (store,)):
+        report = semaphore_drill.run(each, seconds, seed=seed, say=lambda line: print(line, flush=True))
+        print(semaphore_drill.line(report), flush=True)
+        failed = failed or bool(report["over_limit"] or report["overlaps"] or report["decreasing"]
+                                or report["holds"] == 0
+                                or report["worst_recovery_s"] > semaphore_drill.RECOVERY_BOUND_S)
     return 1 if failed else 0
 
 
