@@ -19,7 +19,10 @@ from fastlease import (
     SyncDistributedLock,
     semaphore,
 )
+from fastlease.exceptions import StoreError
+from fastlease.memory import MemoryClient
 from fastlease.stores.base import LockRow
+from fastlease.stores.memory import MemoryStore
 from helpers.loops import run
 from helpers.waiting import wait_until
 
@@ -77,6 +80,40 @@ def test_a_crashed_holders_slot_is_taken_over_after_one_whole_unchanged_lease(ma
         assert clock.monotonic_ns() - start == 10_000_000_000  # exactly the stored lease, from the first sighting
         assert lease.slot == 0 and store.rows("locks")["k"].owner == lease.owner
     assert store.rows("locks")["k#slot1"].owner == "sem:2:dead-host:1/dead-owner"  # (one slot is enough)
+
+
+class TakeoverLostThenUnreadable(MemoryStore):
+    """A store whose takeovers apply but answer with a timeout, and whose next read then fails: the
+    takeover's outcome stays unknown after the first reconciling read."""
+
+    fail_read = False
+
+    def replace_if(self, *args):
+        super().replace_if(*args)
+        self.fail_read = True
+        raise StoreError("the response was lost", maybe_committed=True)
+
+    def read(self, *args):
+        if self.fail_read:
+            self.fail_read = False
+            raise StoreError("the store did not answer")
+        return super().read(*args)
+
+
+def test_a_takeover_of_unknown_outcome_is_reconciled_on_its_own_slot(core, clock):
+    store = TakeoverLostThenUnreadable()
+    store.plant("locks", "k", dead_slot_holder(2))
+    store.plant("locks", "k#slot1", LockRow("sem:2:live:1/live-owner", "v", 60_000, 1))  # held all along
+    client = MemoryClient(store=store, clock=clock, _engine_module=core)
+    try:
+        start = clock.monotonic_ns()
+        with Semaphore(client, table="locks", key="k", limit=2, wait_timeout=15) as lease:
+            # The write that landed is found ours by the next step's read of slot 0, not mistaken for a
+            # stranger's row to be watched for another lease (nor reconciled against slot 1's row).
+            assert lease.slot == 0 and clock.monotonic_ns() - start < 11_000_000_000
+    finally:
+        client.close()
+    assert sorted(store.rows("locks")) == ["k#slot1"]
 
 
 def test_no_slot_is_taken_over_before_a_whole_lease(make_client, clock, store):

@@ -114,6 +114,8 @@ class SlotLease(Lease):
             self._slots_seen[slot] = self._row_seen
             if hint_ns < 0 or self._hint_ns < hint_ns:
                 hint_ns = self._hint_ns
+            if self._pending is not None:
+                break  # a takeover of unknown outcome on this slot: the next step reconciles it here first
         self._hint_ns = hint_ns
         return False
 
