@@ -128,6 +128,7 @@ def test_a_limited_campaign_says_how_long_it_waited(make_client):
     ("a\nb", ValueError, r"identity must be 1-128 printable characters, got 'a\\nb'"),
     ("x" * 129, ValueError, r"identity must be 1-128 printable characters"),
     (5, TypeError, r"identity must be a str, got int: 5"),
+    ("sem:3:x", ValueError, r"identity must not begin with 'sem:', which marks a semaphore's holders, got 'sem:3:x'"),
 ])
 def test_a_bad_identity_is_refused_with_the_value(make_client, identity, error, message):
     with pytest.raises(error, match=message):

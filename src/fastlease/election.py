@@ -62,11 +62,15 @@ def default_identity() -> str:
 
 
 def check_identity(identity: object) -> str:
-    """Return ``identity`` if it is 1-128 printable characters, else raise TypeError/ValueError."""
+    """Return ``identity`` if it is 1-128 printable characters, not beginning ``sem:`` (a semaphore's
+    holders' mark), else raise TypeError/ValueError."""
     if type(identity) is not str:
         raise TypeError(f"identity must be a str, got {type(identity).__name__}: {identity!r:.80}")
     if not 1 <= len(identity) <= MAX_IDENTITY_CHARS or not identity.isprintable():
         raise ValueError(f"identity must be 1-{MAX_IDENTITY_CHARS} printable characters, got {identity!r:.80}")
+    if identity.startswith("sem:"):  # (keys.SEMAPHORE_OWNER: every reader would take it for a semaphore's slot)
+        raise ValueError(f"identity must not begin with 'sem:', which marks a semaphore's holders, "
+                         f"got {identity!r:.80}")
     return identity
 
 
