@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastlease import MemoryClient, SyncDistributedLock, _impl
+from fastlease import MemoryClient, Semaphore, SyncDistributedLock, _impl
 from fastlease.idempotency import IdempotentCall
 
 compiled = _impl.load("c")  # built by make test; missing, the module fails to collect (never skips)
@@ -103,6 +103,18 @@ def test_public_guards(table, key, lease_duration, wait_timeout, max_hold):
                                    wait_timeout=wait_timeout, max_hold=max_hold).state
 
     same(guard)
+
+
+@CASES
+@given(key=st.one_of(text, values), limit=st.one_of(values, st.integers(-3, 300)), identity=st.one_of(text, values))
+def test_semaphores(key, limit, identity):
+    def guard(core: Any) -> tuple:
+        built = Semaphore(CLIENTS[core], table="locks", key=key, limit=limit, identity=identity)
+        return (built.state, built.limit, built.semaphore_key)
+
+    built = same(guard)
+    if built[0] == "ok":
+        assert built[1][1] == limit and 1 <= limit <= 256
 
 
 @settings(max_examples=2_000, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
