@@ -187,9 +187,10 @@ class RenewalLink:
                 self._settings = (settings[0], current)
                 self._hub.send((CREDENTIALS, self.store_id, current))
 
-    def stop(self, lease: Any, link_id: int) -> None:
-        """The renewal process stops renewing ``lease``; returns once it has (see ``_Hub.stop``)."""
-        self._hub.stop(lease, link_id)
+    def stop(self, lease: Any, link_id: int, wait: bool = True) -> None:
+        """The renewal process stops renewing ``lease``; returns once it has, or at once unless ``wait``
+        (see ``_Hub.stop``)."""
+        self._hub.stop(lease, link_id, wait)
 
     def close(self) -> None:
         """The client closes: the renewal process stops renewing its leases, which lapse at their
@@ -295,10 +296,17 @@ class _Hub:
         """A renewal process runs, has reported ready and has been collected: a hand-back is quick."""
         return self._state == "running" and self._renewer_pid != 0 and self.fast_pulse is not None
 
-    def stop(self, lease: Any, link_id: int) -> None:
-        """The renewal process stops renewing ``lease``; returns once it has (its last confirmed renewal
-        applied), so the holder's release is never followed by a renewal. A registration not yet sent
-        is simply taken back. A renewal process that does not answer in time is killed."""
+    def stop(self, lease: Any, link_id: int, wait: bool = True) -> None:
+        """The renewal process stops renewing ``lease``. A registration not yet sent is simply taken back.
+        Otherwise "stop" is sent, and with ``wait`` this returns once the renewal process has stopped (its
+        last confirmed renewal applied), so that after a loss or at ``max_hold`` the row is not kept alive
+        in the store by renewals the holder no longer counts; a renewal process that does not answer in
+        time is killed. Without ``wait`` (a release) it returns at once, and the lease's later reports are
+        ignored: a renewal sent after the release fails in the store, because every renewal is
+        conditioned on this acquisition's own owner id and the release deletes the row of that owner (or,
+        sent before it, it only changed the version, which the release does not look at). Waiting there
+        would hold the release up for the renewal process's whole start-up at a process's first lease,
+        while nothing renews the lease."""
         pulse = self._pulse
         # Registration ids start at 1 again in each renewal process: an id from an earlier one may name
         # another lease in this one, which must be left alone (this lease's ended with its process).
@@ -306,7 +314,11 @@ class _Hub:
             return
         if pulse.take_back(link_id):  # never written: the renewal process never knew of it
             return
-        if not self._send((STOP, link_id)):
+        if not self._send((STOP, link_id)) or not wait:
+            with self._lock:
+                self._read_locked(block_s=0.0)  # the reports already here count (the lease's metrics)
+                if self.holds(lease, link_id):
+                    del self._leases[link_id]
             return
         deadline = time.monotonic() + lease.request_timeout_s * 2 + STOP_GRACE_S
         while True:

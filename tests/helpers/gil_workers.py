@@ -99,13 +99,16 @@ class Ticker(threading.Thread):
 
 
 def hold_through_gil_call(endpoint: str, table: str, key: str, lease_s: float, renewal: str, call_s: float,
-                          out: Any, ctl: Any) -> None:
+                          shape: str, out: Any, ctl: Any) -> None:
     """On "calibrate" (sent once the other processes of the test are idle: they would slow the timing
-    sums), calibrate a ``sum(range(N))`` of about GIL_CHUNK_S, report
-    ``("ready", pid, N)`` and wait for "go".
-    Then acquire ``key``, report ``("starting", pid, owner, monotonic)`` and hold the GIL for ``call_s``
-    at once (``hold_gil``). Afterwards check the lease, leave the block and report
+    sums), calibrate ``sum(range(N))``, report ``("ready", pid, N)`` and wait for "go".
+    Then acquire ``key``, report ``("starting", pid, owner, monotonic)`` and hold the GIL for about
+    ``call_s`` at once: ``shape`` "chunks" is ``hold_gil`` (C calls of GIL_CHUNK_S back to back, ending on
+    time), "one" a single ``sum(range(N))`` calibrated to ``call_s``, with the switch interval as it is
+    (its length follows the machine's speed). Afterwards check the lease, leave the block and report
     ``("done", pid, result)``: the call's times, what ``raise_if_lost`` and the exit raised, renewals."""
+    if shape not in ("chunks", "one"):
+        raise ValueError(f"shape must be 'chunks' or 'one', got {shape!r}")
     try:
         from fastlease import SyncDistributedLock
 
@@ -114,7 +117,10 @@ def hold_through_gil_call(endpoint: str, table: str, key: str, lease_s: float, r
         def body(lease: Any, result: Dict[str, Any]) -> None:
             out.send(("starting", os.getpid(), lease.owner, time.monotonic()))
             result["started"] = time.monotonic()
-            hold_gil(n, call_s)
+            if shape == "one":
+                sum(range(n))  # one GIL-holding C call
+            else:
+                hold_gil(n, call_s)
             result["ended"] = time.monotonic()
             result["raise_if_lost"] = _outcome(lease.raise_if_lost)
             result["renewals"] = lease.metrics.renewals
@@ -128,7 +134,7 @@ def hold_through_gil_call(endpoint: str, table: str, key: str, lease_s: float, r
 
         try:
             expect(ctl, "calibrate")
-            n = calibrate_sum(GIL_CHUNK_S)
+            n = calibrate_sum(call_s if shape == "one" else GIL_CHUNK_S)
             ticker = Ticker()
             ticker.start()
             ticker.wait_tick_after(time.monotonic())  # ticking before the call: see Ticker.longest_gap

@@ -105,4 +105,4 @@ cdef class HeldLease(Renewable):
     cdef _hand_back(self, int64_t mono_ns, int64_t wall_ns)
     cdef void _count_delegated_requests(self, tuple counters)
     @cython.locals(link_id=int64_t)
-    cpdef _end_delegation(self)
+    cpdef _end_delegation(self, bint wait=*)

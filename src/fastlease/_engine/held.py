@@ -381,13 +381,14 @@ class HeldLease(Renewable):
         )
 
     # ---- the renewal process's registration ------------------------------------------------
-    def _end_delegation(self) -> None:
-        """Stop the renewal process renewing this lease, and wait until it has (its last confirmed
-        renewal applied): before a release is sent, after a loss, at ``max_hold``. No-op otherwise."""
+    def _end_delegation(self, wait: bool = True) -> None:
+        """Stop the renewal process renewing this lease: after a loss and at ``max_hold`` waiting until it
+        has (its last confirmed renewal applied); before a release (``wait`` False) only telling it, since
+        a renewal sent after the release can never land (see ``_renewal_link._Hub.stop``). No-op otherwise."""
         with self._mutex:
             link_id, self._link_id = self._link_id, 0
         if link_id:
-            self._link.stop(self, link_id)  # (a registration not written yet is taken back, with no request)
+            self._link.stop(self, link_id, wait)  # (a registration not written yet is taken back, with no request)
 
     def delegation_ended(self) -> None:
         """The renewal process is gone (it died or could not start): renewals are this process's again."""

@@ -399,7 +399,9 @@ class Lease(HeldLease):
             # A renewal write is in flight: let it finish, so that no renewal lands after the release.
             self._scheduler.wait_idle(self, 2 * request_timeout_ns(self.lease_ms))
         if self._link_id:
-            self._end_delegation()
+            # Told, not waited for: a renewal process still starting (a process's first lease) would
+            # hold the release up for its start-up, while nothing renews the lease (issue 32's drill).
+            self._end_delegation(False)
         budget_ns = cleanup_budget_ns(self.lease_ms)
         try:
             deleted = self._delete_owned(self.owner, budget_ns, raise_on_failure=True)
