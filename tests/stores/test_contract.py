@@ -124,6 +124,24 @@ def redis_cluster_store(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def redis_cluster_own_connection_store(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The store the renewal process builds from a cluster client's settings: its routing on our own
+    RESP connections (MOVED and ASK read from the reply's text), without redis-py."""
+    from fastlease.redis import RedisClient
+    from fastlease.stores.redis.cluster import RedisClusterStore
+
+    request.getfixturevalue("redis_cluster_db")
+    client = RedisClient(request.getfixturevalue("redis_cluster_url"))
+    store = RedisClusterStore.from_renewal_config(client.store.renewal_config())
+    assert type(store.new_connection()).__module__ == "fastlease.stores.redis.wire" and store.release_feed is None
+    try:
+        yield store
+    finally:
+        store.close()
+        client.close()
+
+
+@contextlib.contextmanager
 def postgres_store(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A real PostgreSQL server, started by the test session; the tables made by create_lock_table in an
     emptied schema."""
@@ -152,6 +170,7 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
     "redis": redis_store,
     "redis-own-connection": redis_own_connection_store,
     "redis-cluster": redis_cluster_store,
+    "redis-cluster-own-connection": redis_cluster_own_connection_store,
     "postgres": postgres_store,
 }
 #: In-process moto (mock_aws) does not make a conditional write atomic against concurrent threads
@@ -159,7 +178,7 @@ STORES: dict[str, Callable[[pytest.FixtureRequest], Any]] = {
 ATOMIC_STORES = sorted(set(STORES) - {"dynamodb-mock", "dynamodb-fencing-mock"})
 #: Stores that need a server process: their cases are marked ``server`` (the wheel tests deselect them).
 SERVER_STORES = {"dynamodb-server", "dynamodb-server-boto3", "dynamodb-fencing-server",
-                 "redis", "redis-own-connection", "redis-cluster",
+                 "redis", "redis-own-connection", "redis-cluster", "redis-cluster-own-connection",
                  "postgres"}
 #: Stores whose keys cannot hold NUL (PostgreSQL's text type): they refuse such a key with ValueError,
 #: before any request, rather than store something else.

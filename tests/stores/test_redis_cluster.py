@@ -526,6 +526,39 @@ def test_more_redirections_than_the_limit_fail_as_transient_and_unrun(moving_clu
         store.close()
 
 
+def test_redirections_read_from_redis_py_and_from_our_own_connections_text():
+    from fastlease.stores.redis import wire
+    from fastlease.stores.redis.cluster import redirection
+
+    assert redirection(redis, redis.exceptions.MovedError("3999 10.0.0.2:7001")) == (False, 3999, "10.0.0.2", 7001)
+    assert redirection(redis, redis.exceptions.AskError("17 :7002")) == (True, 17, "", 7002)
+    assert redirection(wire.library, wire.ResponseError("MOVED 3999 10.0.0.2:7001")) == (False, 3999, "10.0.0.2", 7001)
+    assert redirection(wire.library, wire.ResponseError("ASK 17 [::1]:7002")) == (True, 17, "[::1]", 7002)
+    for other in ("TRYAGAIN Multiple keys request during rehashing of slot", "MOVED x 10.0.0.2:7001",
+                  "MOVED 3999 10.0.0.2", "ERR unknown command"):
+        assert redirection(wire.library, wire.ResponseError(other)) is None, other
+
+
+def test_the_renewal_process_renews_on_a_cluster_without_importing_redis_py(redis_cluster_url, redis_cluster_db):
+    client = RedisClient(redis_cluster_url)
+    try:
+        assert client.store.put_if_absent("locks", "k", "o1", "v1", 5_000, T, NO_USAGE)
+        script = (
+            "import sys\n"
+            "from fastlease._renewal_process import build_store\n"
+            "from fastlease.stores.base import NO_USAGE\n"
+            f"store = build_store({client.store.renewal_config()!r}, None)\n"
+            "assert store.update_version_if('locks', 'k', 'o1', 'v1', 'v2', 5.0, NO_USAGE) is True\n"
+            "assert store.update_version_if('locks', 'k', 'o1', 'v1', 'v3', 5.0, NO_USAGE) is False\n"
+            "print(store.read('locks', 'k', 5.0, NO_USAGE).version, 'redis' in sys.modules)\n")
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["v2", "False"]
+        assert client.store.read("locks", "k", T, NO_USAGE).version == "v2"
+    finally:
+        client.close()
+
+
 # ---- 6. a node down ----------------------------------------------------------------------------------
 def test_a_killed_node_loses_its_keys_leases_at_the_end_of_validity_and_the_others_keep_working(
         make_redis_cluster, clients):

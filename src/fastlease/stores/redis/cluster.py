@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional, Sequence, cast
 
 from ...exceptions import StoreError, StoreRequestRejected
 from ..base import check_table
+from . import wire
 from .replies import as_text, connection_kind, load_redis
 from .scripts import CLUSTER_SCRIPTS
 from .store import RedisStore
@@ -131,6 +132,22 @@ class _NoScript(Exception):
         self.address = address
 
 
+def redirection(redis: Any, error: Exception) -> Optional[tuple[bool, int, str, int]]:
+    """(ask, slot, host, port) of a MOVED or ASK reply, else None. redis-py raises them as classes of their
+    own, with the parts parsed; our own connection (``wire``) keeps the reply's text, "MOVED 3999 host:port"."""
+    if isinstance(error, (redis.exceptions.MovedError, redis.exceptions.AskError)):
+        return (not isinstance(error, redis.exceptions.MovedError), int(error.slot_id), str(error.host or ""),
+                int(error.port))
+    words = str(error).split()
+    if len(words) != 3 or words[0] not in ("MOVED", "ASK"):
+        return None
+    host, _, port = words[2].rpartition(":")
+    try:
+        return words[0] == "ASK", int(words[1]), host, int(port)
+    except ValueError:
+        return None
+
+
 class RedisClusterStore(RedisStore):
     """The LockStore adapter for a Redis Cluster: the Redis store's requests, each routed to its slot's node."""
 
@@ -140,14 +157,15 @@ class RedisClusterStore(RedisStore):
     name_slot = staticmethod(name_slot)  # for the feed, which routes its shard channels by slot
 
     def __init__(self, startup_nodes: Sequence[Address], connection_class: Any, connection_kwargs: dict[str, Any],
-                 address_remap: Optional[Callable[[Address], Address]] = None) -> None:
+                 address_remap: Optional[Callable[[Address], Address]] = None, library: Any = None) -> None:
         """``startup_nodes``: (host, port) of nodes to ask for the slot map; ``connection_kwargs``: the
         connection settings of every node (credentials, TLS, timeouts), without host and port;
-        ``address_remap``: redis-py's hook for nodes that announce addresses the client cannot use."""
+        ``address_remap``: redis-py's hook for nodes that announce addresses the client cannot use;
+        ``library``: ``wire.library`` with ``wire``'s connection class (the renewal process), else redis-py."""
         if not startup_nodes:
             raise ValueError("RedisClusterStore needs at least one startup node (host, port)")
         pool = _Settings(connection_class, {name: value for name, value in connection_kwargs.items()
-                                            if name not in ("host", "port")})
+                                            if name not in ("host", "port")}, library)
         self.startup_nodes = [(str(host), int(port)) for host, port in startup_nodes]
         self.address_remap = address_remap
         self._slots: Optional[list[Optional[Address]]] = None  # None: fetch before the next request
@@ -156,9 +174,10 @@ class RedisClusterStore(RedisStore):
         self._map_lock = threading.Lock()
         super().__init__(pool)
         self.no_script = _NoScript
-        from .cluster_feed import RedisClusterReleaseFeed
+        if self._redis is not wire.library:  # (the renewal process's store never waits: no feed)
+            from .cluster_feed import RedisClusterReleaseFeed
 
-        self.release_feed = RedisClusterReleaseFeed(self)
+            self.release_feed = RedisClusterReleaseFeed(self)
 
     def describe(self) -> str:
         """The startup nodes, for messages and the CLI (never credentials)."""
@@ -220,13 +239,12 @@ class RedisClusterStore(RedisStore):
         return reply
 
     def _classify_reply(self, error: Exception, key: str) -> Exception:
-        redis = self._redis
-        if isinstance(error, (redis.exceptions.MovedError, redis.exceptions.AskError)):
-            ask = not isinstance(error, redis.exceptions.MovedError)
-            host = error.host or self.startup_nodes[0][0]  # an empty host: the node we asked
-            address = self._remap((str(host), int(error.port)))
-            return _Redirected(f"{'ASK' if ask else 'MOVED'} {error.slot_id} {host}:{error.port}", key, ask,
-                               int(error.slot_id), address)
+        redirect = redirection(self._redis, error)
+        if redirect is not None:
+            ask, slot, host, port = redirect
+            host = host or self.startup_nodes[0][0]  # an empty host: the node we asked
+            address = self._remap((host, port))
+            return _Redirected(f"{'ASK' if ask else 'MOVED'} {slot} {host}:{port}", key, ask, slot, address)
         return super()._classify_reply(error, key)
 
     # ---- the slot map ------------------------------------------------------------------------------
@@ -336,9 +354,15 @@ class RedisClusterStore(RedisStore):
 
     @classmethod
     def from_renewal_config(cls, config: Any, credentials: Any = None) -> RedisClusterStore:
-        """A cluster store with the settings and nodes ``renewal_config()`` gave (in the renewal process)."""
+        """A cluster store with the settings and nodes ``renewal_config()`` gave (in the renewal process):
+        on our own connections (``wire``) when they honour every setting, as for one server, which spares
+        the renewal process importing redis-py at its first lease (a fifth of a second idle, longer under
+        load, out of the first lease's validity), else on redis-py's."""
+        kind, settings = config[1], config[2]
+        if wire.honours(settings):
+            return cls(config[3], wire.ConnectionPool(kind, settings).connection_class, settings, library=wire.library)
         load_redis()
-        return cls(config[3], connection_kind(config[1]), config[2])
+        return cls(config[3], connection_kind(kind), settings)
 
     def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
         """Held leases of ``table`` (or only ``key``'s): SCAN on every primary, then one HGETALL each."""
@@ -369,6 +393,7 @@ class RedisClusterStore(RedisStore):
 class _Settings:
     """What RedisStore reads of a connection pool, for a cluster that has one pool per node."""
 
-    def __init__(self, connection_class: Any, connection_kwargs: dict[str, Any]) -> None:
+    def __init__(self, connection_class: Any, connection_kwargs: dict[str, Any], library: Any = None) -> None:
         self.connection_class = connection_class
         self.connection_kwargs = connection_kwargs
+        self.library = library  # None: redis-py

@@ -1,11 +1,13 @@
 """A Redis connection of our own, for the renewal process: RESP2 over a socket, nothing else.
 
-The renewal process sends two requests on a single Redis server, RENEW and OBSERVE (``EVALSHA``, with
-``SCRIPT LOAD`` after a ``NOSCRIPT``), and importing redis-py for them cost it about 18 MiB of its
-33 MiB. ``RedisStore`` talks to a connection through six members of redis-py's ``Connection``
-(``connect``, ``send_packed_command``, ``send_command``, ``can_read``, ``read_response``, ``disconnect``,
-plus ``register_connect_callback`` and the two timeout attributes); this class has the same members,
-and ``library`` stands in for the ``redis`` module where the store reads its exceptions. So the store's
+The renewal process sends two requests, RENEW and OBSERVE (``EVALSHA``, with ``SCRIPT LOAD`` after a
+``NOSCRIPT``), on a single Redis server or on the nodes of a Redis Cluster (with ``CLUSTER SLOTS`` and
+``ASKING``; a ``MOVED`` or ``ASK`` reply is a ``ResponseError`` whose text the cluster store reads), and
+importing redis-py for them cost it about 18 MiB of its 33 MiB (21 of 36 on a cluster). ``RedisStore``
+talks to a connection through six members of redis-py's ``Connection`` (``connect``,
+``send_packed_command``, ``send_command``, ``can_read``, ``read_response``, ``disconnect``, plus
+``register_connect_callback`` and the two timeout attributes); this class has the same members, and
+``library`` stands in for the ``redis`` module where the store reads its exceptions. So the store's
 requests, error handling and reconciliation are the very code the holder runs: only the bytes on the
 socket are read by other code.
 
@@ -13,7 +15,7 @@ What it speaks: RESP2 (no ``HELLO``; a script's reply is the same in RESP2 and R
 username or without, ``SELECT``, ``CLIENT SETNAME``, TCP, a unix socket, and TLS through the ``ssl``
 module (imported only for a ``rediss://`` store). ``SETTINGS`` lists the settings it honours; a store
 configured with any other (``IGNORED`` lists those that change nothing here) is renewed through
-redis-py, as before (``RedisStore.from_renewal_config``).
+redis-py, as before (``RedisStore.from_renewal_config``, ``RedisClusterStore.from_renewal_config``).
 """
 
 from __future__ import annotations
