@@ -121,6 +121,7 @@ chaos: $(INSTALLED) redis-server postgresql
 	$(PY) -m tests.chaos --store all --seconds $(SECONDS)
 	$(PY) -m tests.chaos --election --store all --seconds $(SECONDS)
 	$(PY) -m tests.chaos --semaphore --store all --seconds $(SECONDS)
+	$(PY) -m tests.chaos --gil --store all --seconds $(SECONDS)
 
 bench: $(INSTALLED) postgresql
 	$(PY) bench/import_time.py

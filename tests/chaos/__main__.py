@@ -1,13 +1,13 @@
 """``python -m tests.chaos --store S --seconds N``: one chaos run; exit status 1 on any violation.
 ``--election`` runs the election drill (``election_drill.py``) instead, ``--semaphore`` the semaphore drill
-(``semaphore_drill.py``)."""
+(``semaphore_drill.py``), ``--gil`` the GIL drill (``gil_drill.py``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import election_drill, semaphore_drill
+from . import election_drill, gil_drill, semaphore_drill
 from .harness import RECOVERY_BOUND_S, STORES, run
 
 
@@ -23,11 +23,14 @@ def main() -> int:
                         "migrate_slot (Redis Cluster)")
     parser.add_argument("--election", action="store_true", help="the election drill: leaders killed and paused")
     parser.add_argument("--semaphore", action="store_true", help="the semaphore drill: holders killed and paused")
+    parser.add_argument("--gil", action="store_true", help="the GIL drill: a holder in a GIL-holding call, a contender")
     args = parser.parse_args()
     if args.election:
         return _elections(args.store, args.seconds, args.seed)
     if args.semaphore:
         return _semaphores(args.store, args.seconds, args.seed)
+    if args.gil:
+        return _gil(args.store, args.seconds, args.seed)
     failed = False
     for store in (STORES if args.store == "all" else (args.store,)):
         report = run(store, args.seconds, workers=args.workers, seed=args.seed,
@@ -64,6 +67,17 @@ def _semaphores(store: str, seconds: float, seed: int | None) -> int:
         failed = failed or bool(report["over_limit"] or report["overlaps"] or report["decreasing"]
                                 or report["holds"] == 0
                                 or report["worst_recovery_s"] > semaphore_drill.RECOVERY_BOUND_S)
+    return 1 if failed else 0
+
+
+def _gil(store: str, seconds: float, seed: int | None) -> int:
+    failed = False
+    for each in (election_drill.STORES if store == "all" else (store,)):
+        report = gil_drill.run(each, seconds, seed=seed, say=lambda line: print(line, flush=True))
+        print(gil_drill.line(report), flush=True)
+        for claimed_for, held, took in report["overlaps"]:
+            print(f"  OVERLAP: acquired {claimed_for:.3f} s inside the holder's claim: {held} {took}", flush=True)
+        failed = failed or bool(report["overlaps"])
     return 1 if failed else 0
 
 

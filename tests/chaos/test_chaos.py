@@ -10,7 +10,7 @@ import pytest
 
 from helpers.waiting import wait_until
 
-from . import election_drill, semaphore_drill, workload
+from . import election_drill, gil_drill, semaphore_drill, workload
 from .harness import RECOVERY_BOUND_S, _check, run
 from .proxy import FaultProxy
 
@@ -201,3 +201,19 @@ def test_the_semaphore_checker_catches_too_many_holders_overlaps_old_tokens_and_
     assert semaphore_drill.check(backwards, [], 2)["decreasing"] == 1
     assert semaphore_drill.check(clean, [(0.55, "kill_holder", 0)], 2)["worst_recovery_s"] == pytest.approx(0.05)
     assert semaphore_drill.check(clean, [(0.7, "kill_holder", 0)], 2)["worst_recovery_s"] == float("inf")
+
+
+def test_the_gil_drill_checker_catches_an_acquisition_inside_the_holders_claim():
+    def held(lost=None, valid_until=3.7, leaving=2.9):
+        return {"started": 0.0, "ended": 2.8, "lost": lost, "valid_until": valid_until, "leaving": leaving}
+
+    handoff = gil_drill.check([(held(), {"acquired": 2.91})])  # after the holder left the block: its release
+    assert (handoff["overlaps"], handoff["lost_during_call"]) == ([], 0)
+    assert handoff["after_call_end_s"] == (pytest.approx(0.11), pytest.approx(0.11))
+    report = gil_drill.check([(held(), {"acquired": 2.14})])  # issue 32's claim: inside the call
+    assert [round(claimed_for, 2) for claimed_for, _, _ in report["overlaps"]] == [0.76]
+    ended_early = gil_drill.check([(held(valid_until=2.0), {"acquired": 2.14})])  # its validity ended first
+    assert ended_early["overlaps"] == []
+    lost = gil_drill.check([(held(lost="expired", valid_until=None), {"acquired": 1.01})])
+    assert (lost["overlaps"], lost["lost_during_call"]) == ([], 1)
+    assert gil_drill.check([(held(), {"acquired": None})])["acquisitions"] == 0
