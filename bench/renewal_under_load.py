@@ -134,7 +134,7 @@ def fastlease_client(spec: dict[str, Any], renewal: str) -> Any:
 
         return DynamoDBClient(session=boto3.session.Session(**CREDENTIALS), endpoint_url=spec["endpoint"],
                               renewal=renewal)
-    if spec["store"] == "redis":
+    if spec["store"] in ("redis", "redis-cluster"):
         from fastlease.redis import RedisClient
 
         return RedisClient(spec["endpoint"], renewal=renewal)
@@ -266,6 +266,16 @@ def run_group(base: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return rows
 
 
+def _start_server(store: str, server: Any, unavailable: type[Exception], endpoints: dict[str, str],
+                  notes: list[str], stack: list[Any]) -> None:
+    """Start a throwaway server of ``fastlease.testing`` for ``store``, or note why it could not start."""
+    try:
+        endpoints[store] = server.start()
+        stack.append(server.stop)
+    except unavailable as error:
+        notes.append(f"{store} skipped: {str(error).splitlines()[0]}")
+
+
 def start_stores(wanted: list[str], notes: list[str], stack: list[Any]) -> dict[str, str]:
     """Each wanted store's endpoint (DynamoDB: URL, Redis: URL, SQLite: file path); notes for the rest."""
     endpoints: dict[str, str] = {}
@@ -290,12 +300,11 @@ def start_stores(wanted: list[str], notes: list[str], stack: list[Any]) -> dict[
     if "redis" in wanted:
         from fastlease.testing.redis_server import RedisServer, RedisServerUnavailable
 
-        redis_server = RedisServer()
-        try:
-            endpoints["redis"] = redis_server.start()
-            stack.append(redis_server.stop)
-        except RedisServerUnavailable as error:
-            notes.append(f"Redis skipped: {str(error).splitlines()[0]}")
+        _start_server("redis", RedisServer(), RedisServerUnavailable, endpoints, notes, stack)
+    if "redis-cluster" in wanted:
+        from fastlease.testing.redis_cluster import RedisClusterServer, RedisClusterUnavailable
+
+        _start_server("redis-cluster", RedisClusterServer(), RedisClusterUnavailable, endpoints, notes, stack)
     if "sqlite" in wanted:
         directory = tempfile.mkdtemp(prefix="fastlease-renewal-bench-")
         stack.append(lambda: shutil.rmtree(directory, ignore_errors=True))

@@ -398,9 +398,7 @@ class Lease(HeldLease):
         if self._scheduler.cancel(self):
             # A renewal write is in flight: let it finish, so that no renewal lands after the release.
             self._scheduler.wait_idle(self, 2 * request_timeout_ns(self.lease_ms))
-        if self._link_id:
-            # Told, not waited for: a renewal process still starting (a process's first lease) would
-            # hold the release up for its start-up, while nothing renews the lease (issue 32's drill).
+        if self._link_id:  # told, not waited for: one still starting would hold the release (_Hub.stop)
             self._end_delegation(False)
         budget_ns = cleanup_budget_ns(self.lease_ms)
         try:
