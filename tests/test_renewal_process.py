@@ -274,6 +274,30 @@ def test_a_renewal_process_that_stops_answering_is_killed_and_collected(tmp_path
     assert lease.state == "lost"  # the row was still ours: the release deleted it
 
 
+def test_a_backlog_of_pulses_read_late_does_not_make_a_stopped_holder_look_alive():
+    """A pulse is dated by the read before the one that brings it (the pipe was empty then), plus one
+    interval per pulse after the first: never later than it was written. Dated by its own read, a backlog
+    handed over after the renewal process's loop was held up would make a holder stopped meanwhile look
+    alive for another PULSE_SILENCE_MS, and renewals would go on."""
+    from fastlease._renewal_link import PULSE_INTERVAL_MS, PULSE_SILENCE_MS
+    from fastlease._renewal_process import Pulses
+
+    ms = 1_000_000
+    pulses = Pulses()
+    held_up_at = time.monotonic_ns() - 2 * PULSE_SILENCE_MS * ms  # the last read before the loop was held up
+    pulses.last_ns = held_up_at
+    pulses.arrived(3, held_up_at)  # three pulses, then the holder stopped; all read at once, now
+    assert pulses.last_ns == held_up_at + 2 * PULSE_INTERVAL_MS * ms
+    assert not pulses.fresh()  # written 800 ms ago at the latest (600 ms, then stopped): no renewal
+    pulses.arrived(0, time.monotonic_ns())  # a read that brought only registrations dates nothing
+    assert not pulses.fresh()
+    pulses.arrived(1, time.monotonic_ns() - PULSE_INTERVAL_MS * ms)  # steady state: a read per pulse
+    assert pulses.fresh()
+    latest = pulses.last_ns
+    pulses.arrived(1, held_up_at)  # an older lower bound never moves the date back
+    assert pulses.last_ns == latest
+
+
 def _stopped(pid: int) -> bool:
     """Whether the kernel reports ``pid`` stopped (state T)."""
     with open(f"/proc/{pid}/stat") as stat:

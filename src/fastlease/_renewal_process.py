@@ -7,8 +7,9 @@ steps renew it, with reconciliation of unknown outcomes), on each store the hold
 (a STORE message each, built when it arrives, so that only the modules of stores in use are imported).
 It adds three rules of its own:
 
-* it sends a request only within ``PULSE_SILENCE_MS`` of the holder's last pulse (``GatedStore``):
-  a holder stopped as a whole renews nothing, so a contender takes over after the lease;
+* it sends a request only within ``PULSE_SILENCE_MS`` of the holder's last pulse (``GatedStore``),
+  dated no later than it was written (``Pulses``): a holder stopped as a whole renews nothing, so a
+  contender takes over after the lease;
 * it reports every confirmed renewal (version, the stamps taken before its write, counters) and
   every loss; the holder extends its own validity from those reports only;
 * "stop" makes a lease stop renewing, and is answered once no renewal write of it is in flight.
@@ -35,6 +36,7 @@ from ._renewal_link import (
     DROP,
     LOST,
     PROTOCOL,
+    PULSE_INTERVAL_MS,
     PULSE_SILENCE_MS,
     READY,
     REFUSED,
@@ -61,10 +63,23 @@ _TEXT_LENGTH = struct.Struct("=H")
 
 
 class Pulses:
-    """When the holder's last pulse arrived (monotonic ns; the clock is system-wide on Linux)."""
+    """When the holder's last pulse was written, at the latest that can be proved (monotonic ns).
+
+    A pulse is not dated when it is read: if this process's loop was held up (a store being built, a
+    starved CPU) while the holder was being stopped, the pipe would hand over a backlog of old pulses
+    at once, and a stopped holder would look alive for another PULSE_SILENCE_MS. Instead, ``arrived``
+    takes the pulses of one read and the time of the read before it, which emptied the pipe: they were
+    all written after that read began, and the pulse thread writes at most one per PULSE_INTERVAL_MS, so
+    the last of ``count`` was written at least ``(count - 1) * PULSE_INTERVAL_MS`` after it. In steady
+    state that dates a pulse one interval early, which the 400 ms of silence allowed absorb."""
 
     def __init__(self) -> None:
         self.last_ns = time.monotonic_ns()
+
+    def arrived(self, count: int, since_ns: int) -> None:
+        """``count`` pulses came in one read; the read before it began at ``since_ns``."""
+        if count > 0:
+            self.last_ns = max(self.last_ns, since_ns + (count - 1) * PULSE_INTERVAL_MS * 1_000_000)
 
     def fresh(self) -> bool:
         return time.monotonic_ns() - self.last_ns < PULSE_SILENCE_MS * 1_000_000
@@ -130,6 +145,7 @@ class RenewalProcess:
         self._sock = sock
         self._pipe = pipe
         self._pulses = Pulses()
+        self._pipe_read_ns = time.monotonic_ns()  # when the last read of the pipe that emptied it began
         self._buffer = bytearray()
         self._pipe_buffer = bytearray()
         self._core = _impl.core
@@ -277,24 +293,29 @@ class RenewalProcess:
                 self._drop_store(message[1])
 
     def _read_pipe(self) -> bool:
+        reading_ns = time.monotonic_ns()  # (before the read: every pulse it misses is written after it)
         try:
             data = os.read(self._pipe, 65536)
         except BlockingIOError:
+            self._pipe_read_ns = reading_ns
             return True
         if not data:
             return False
         self._pipe_buffer += data
-        at, buffer = 0, self._pipe_buffer
+        at, buffer, pulses = 0, self._pipe_buffer, 0
         while len(buffer) - at >= 4:
             size, link_id = _PIPE_HEAD.unpack_from(buffer, at)
             if len(buffer) - at - 4 < size:
                 break
             if link_id == 0:
-                self._pulses.last_ns = time.monotonic_ns()
+                pulses += 1
             else:
                 self._adopt(link_id, bytes(buffer[at + 12:at + 4 + size]))
             at += 4 + size
         del buffer[:at]
+        self._pulses.arrived(pulses, self._pipe_read_ns)
+        if len(data) < 65536:  # the pipe is empty now: later pulses are written after this read began
+            self._pipe_read_ns = reading_ns
         return True
 
     def run(self) -> None:
