@@ -28,6 +28,7 @@ from typing import Any, Iterator, NamedTuple, Tuple
 
 import pytest
 
+from chaos.gil_drill import inside_claim_s
 from fastlease import SyncDistributedLock
 from helpers import gil_workers, mp_workers
 from helpers.processes import JOIN_S, MIN_TAKEOVER_S, Child, Children, receive, tell
@@ -173,11 +174,10 @@ def assert_no_overlap(result: dict, attempt: dict) -> None:
     """The contender's confirmed acquisition (``acquire`` had returned) is not inside the holder's
     ownership: the holder's validity as it knew it after the call, up to when it left the block (its
     release follows). A holder that found the lease lost claims nothing."""
-    if attempt["outcome"]["type"] is not None or result["valid_until"] is None:
-        return
-    ownership_end = min(result["valid_until"], result["leaving"])
-    assert attempt["ended"] >= ownership_end, (
-        f"two holders at once: the contender's acquisition was confirmed {ownership_end - attempt['ended']:.3f} s "
+    acquired = None if attempt["outcome"]["type"] is not None else attempt["ended"]
+    inside = inside_claim_s(result["valid_until"], result["leaving"], acquired)
+    assert inside == 0, (
+        f"two holders at once: the contender's acquisition was confirmed {inside:.3f} s "
         f"before the holder's ownership ended (the holder's call ran {result['ended'] - result['started']:.2f} s, "
         f"its raise_if_lost: {result['raise_if_lost']}, renewals {result['renewals']}; the contender acquired "
         f"{attempt['ended'] - result['started']:.2f} s into the call)")

@@ -5,9 +5,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from . import election_drill, gil_drill, semaphore_drill
+# The drills share the tests' helpers (``tests/helpers``), as pytest finds them: tests/ on the path, which
+# the drills' spawned processes inherit.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from . import election_drill, gil_drill, semaphore_drill  # noqa: E402 - after the path above
 from .harness import RECOVERY_BOUND_S, STORES, run
 
 

@@ -22,6 +22,8 @@ import random
 import time
 from typing import Any, Callable, Optional
 
+from helpers.gil_workers import calibrate_sum
+
 from . import workload
 from .election_drill import SPAWN, Reporter, receive, run_drill
 from .harness import _Setup, stop_all
@@ -31,17 +33,13 @@ CALL_S = 2.8
 REPORT_S = 30.0
 
 
-def calibrate(call_s: float) -> int:
-    """N such that ``sum(range(N))`` lasts about ``call_s`` in this interpreter (the fastest of three)."""
-    n = 5_000_000
-    fastest = min(_timed_sum(n) for _ in range(3))
-    return min(int(n * call_s / fastest), 4_000_000_000)  # below 2**63: the C fast path, linear in N
-
-
-def _timed_sum(n: int) -> float:
-    started = time.monotonic()
-    sum(range(n))
-    return time.monotonic() - started
+def inside_claim_s(valid_until: Optional[float], leaving: float, acquired: Optional[float]) -> float:
+    """How far a contender's confirmed acquisition (``acquired``; None: it never acquired) lies inside a
+    holder's claim after its call: the validity it knew then (``valid_until``; None: it claimed none), cut
+    where it left the block (``leaving``: its release follows). 0.0 when outside: no overlap."""
+    if valid_until is None or acquired is None:
+        return 0.0
+    return max(0.0, min(valid_until, leaving) - acquired)
 
 
 def _holder_main(store: str, target: str, key: str, n: int, sender: Any) -> None:
@@ -130,7 +128,7 @@ def run(store: str, seconds: float, *, seed: Optional[int] = None, say: Callable
 
 
 def _drill(setup: _Setup, seconds: float, rng: random.Random, seed: int) -> dict:
-    n = calibrate(CALL_S)
+    n = calibrate_sum(CALL_S)
     deadline = time.monotonic() + seconds
     rounds = []
     while not rounds or time.monotonic() < deadline:  # bounded: a round ends within a few REPORT_S
@@ -151,10 +149,9 @@ def check(rounds: list[tuple[dict, dict]]) -> dict:
         if acquired is None:
             continue
         after_end.append(acquired - held["ended"])
-        if held["lost"] is None and held["valid_until"] is not None:
-            claim_end = min(held["valid_until"], held["leaving"])
-            if acquired < claim_end:
-                overlaps.append((claim_end - acquired, held, took))
+        inside = inside_claim_s(held["valid_until"] if held["lost"] is None else None, held["leaving"], acquired)
+        if inside > 0:
+            overlaps.append((inside, held, took))
     return {"rounds": len(rounds), "overlaps": overlaps, "lost_during_call": lost,
             "acquisitions": len(after_end), "calls_s": (min(calls), max(calls)),
             "after_call_end_s": (min(after_end), max(after_end)) if after_end else None}

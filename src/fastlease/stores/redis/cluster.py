@@ -38,10 +38,9 @@ from typing import Any, Callable, Optional, Sequence, cast
 
 from ...exceptions import StoreError, StoreRequestRejected
 from ..base import check_table
-from . import wire
-from .replies import as_text, connection_kind, load_redis
+from .replies import as_text
 from .scripts import CLUSTER_SCRIPTS
-from .store import RedisStore
+from .store import ConnectionSettings, RedisStore, renewal_transport
 from .wire import pack_command as _pack
 
 _log = logging.getLogger("fastlease.stores.redis")
@@ -164,8 +163,8 @@ class RedisClusterStore(RedisStore):
         ``library``: ``wire.library`` with ``wire``'s connection class (the renewal process), else redis-py."""
         if not startup_nodes:
             raise ValueError("RedisClusterStore needs at least one startup node (host, port)")
-        pool = _Settings(connection_class, {name: value for name, value in connection_kwargs.items()
-                                            if name not in ("host", "port")}, library)
+        pool = ConnectionSettings(connection_class, {name: value for name, value in connection_kwargs.items()
+                                                     if name not in ("host", "port")}, library)
         self.startup_nodes = [(str(host), int(port)) for host, port in startup_nodes]
         self.address_remap = address_remap
         self._slots: Optional[list[Optional[Address]]] = None  # None: fetch before the next request
@@ -174,10 +173,12 @@ class RedisClusterStore(RedisStore):
         self._map_lock = threading.Lock()
         super().__init__(pool)
         self.no_script = _NoScript
-        if self._redis is not wire.library:  # (the renewal process's store never waits: no feed)
-            from .cluster_feed import RedisClusterReleaseFeed
 
-            self.release_feed = RedisClusterReleaseFeed(self)
+    def new_release_feed(self) -> Any:
+        """The sharded pub/sub feed (``cluster_feed``)."""
+        from .cluster_feed import RedisClusterReleaseFeed
+
+        return RedisClusterReleaseFeed(self)
 
     def describe(self) -> str:
         """The startup nodes, for messages and the CLI (never credentials)."""
@@ -358,11 +359,8 @@ class RedisClusterStore(RedisStore):
         on our own connections (``wire``) when they honour every setting, as for one server, which spares
         the renewal process importing redis-py at its first lease (a fifth of a second idle, longer under
         load, out of the first lease's validity), else on redis-py's."""
-        kind, settings = config[1], config[2]
-        if wire.honours(settings):
-            return cls(config[3], wire.ConnectionPool(kind, settings).connection_class, settings, library=wire.library)
-        load_redis()
-        return cls(config[3], connection_kind(kind), settings)
+        connection_class, library = renewal_transport(config[1], config[2])
+        return cls(config[3], connection_class, config[2], library=library)
 
     def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
         """Held leases of ``table`` (or only ``key``'s): SCAN on every primary, then one HGETALL each."""
@@ -389,11 +387,3 @@ class RedisClusterStore(RedisStore):
             rows.extend(super().inspect(table, name))
         return rows
 
-
-class _Settings:
-    """What RedisStore reads of a connection pool, for a cluster that has one pool per node."""
-
-    def __init__(self, connection_class: Any, connection_kwargs: dict[str, Any], library: Any = None) -> None:
-        self.connection_class = connection_class
-        self.connection_kwargs = connection_kwargs
-        self.library = library  # None: redis-py

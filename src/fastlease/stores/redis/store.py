@@ -64,6 +64,26 @@ _RENEWAL_RESET_SETTINGS = frozenset({"retry", "retry_on_error", "retry_on_timeou
                                      "himport_registry", "driver_info"})
 
 
+class ConnectionSettings:
+    """What RedisStore reads of a connection pool: the connection class, its settings, and the library
+    whose exceptions the connections raise (None: redis-py). The cluster has one per node."""
+
+    def __init__(self, connection_class: Any, connection_kwargs: dict[str, Any], library: Any = None) -> None:
+        self.connection_class = connection_class
+        self.connection_kwargs = connection_kwargs
+        self.library = library
+
+
+def renewal_transport(kind: str, settings: dict[str, Any]) -> tuple[Any, Any]:
+    """(connection class, library) the renewal process connects with, for ``portable_settings()``'s kind
+    and settings: our own (``wire``) when it honours every setting, which spares the renewal process
+    redis-py's import and memory; else redis-py's (imported now)."""
+    if wire.honours(settings):
+        return wire.ConnectionPool(kind, settings).connection_class, wire.library
+    load_redis()
+    return connection_kind(kind), None
+
+
 class RedisStore:
     """The LockStore adapter for one Redis server: one script per protocol step (one HGETALL per record read)."""
 
@@ -87,7 +107,11 @@ class RedisStore:
         self.no_script: Any = self._redis.exceptions.NoScriptError
         # Waiters are woken by it; the renewal process, whose store has our own connection, never waits.
         own = self._redis is wire.library
-        self.release_feed: Optional[ListenerFeed] = None if own else RedisReleaseFeed(self)
+        self.release_feed: Optional[ListenerFeed] = None if own else self.new_release_feed()
+
+    def new_release_feed(self) -> ListenerFeed:
+        """The feed that wakes this store's waiters (the cluster store's is sharded)."""
+        return RedisReleaseFeed(self)
 
     def __repr__(self) -> str:
         return f"RedisStore({self.describe()})"
@@ -396,11 +420,8 @@ class RedisStore:
         """A store with the connection settings ``renewal_config()`` gave (in the renewal process): on
         our own connection (``wire``) when it honours every setting, which spares the renewal process
         redis-py's memory; else on redis-py's."""
-        kind, settings = config[1], config[2]
-        if wire.honours(settings):
-            return cls(wire.ConnectionPool(kind, settings))
-        redis = load_redis()
-        return cls(redis.ConnectionPool(connection_class=connection_kind(kind), **settings))
+        connection_class, library = renewal_transport(config[1], config[2])
+        return cls(ConnectionSettings(connection_class, config[2], library))
 
     def inspect(self, table: str, key: Optional[str]) -> list[dict[str, Any]]:
         """Held leases of ``table`` (or only ``key``'s), as stored. SCAN, then one HGETALL each."""
