@@ -8,13 +8,23 @@ per cycle from the libraries' own lease metrics. Rounds are interleaved so machi
 three alike. Then, apart: fastlease's own work per cycle with no network at all (a transport that
 encodes each request's body and answers at once), without and with fencing, which is what fencing
 adds to the client's CPU whatever the server's latency.
-Run: ``.venv/bin/python bench/dynamodb_cycle.py [--cycles N] [--rounds R]``.
+
+Then the same contenders again against a second server that holds every response until ``--latency-ms``
+(5) after its request arrived, whatever the operation, as a remote endpoint does. On these machines a
+client's CPU per request grows with how long it idled before it (its code and data go cold: sleeping
+0.7 ms longer inside each held block raised one run's main-thread CPU per cycle from about 290 to about
+410 µs), and moto spends longer on a transaction than on a PutItem, so in the first table a fenced
+acquisition is charged for moto's slowness; in the second every client waits alike. Each table ends with
+the raw exchange: fastlease's own two requests of a cycle, their bytes as sent, replayed on one
+kept-alive socket by a bare ``sendall`` and ``recv``: the CPU that any client pays for the exchange itself.
+Run: ``.venv/bin/python bench/dynamodb_cycle.py [--cycles N] [--rounds R] [--latency-ms MS]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import socket
 import statistics
 import sys
 import time
@@ -25,7 +35,7 @@ import boto3
 from fastlease import SyncDistributedLock
 from fastlease.client import LeaseClient
 from fastlease.dynamodb import DynamoDBClient
-from fastlease.stores.dynamodb.fastpath import _encode_json
+from fastlease.stores.dynamodb.fastpath import FastTransport, _encode_json
 from fastlease.stores.dynamodb.store import DynamoDBStore
 from fastlease.testing.moto_server import MotoServer
 
@@ -94,54 +104,98 @@ def pydynox_runner(endpoint: str) -> tuple[Callable[[int], int], Callable[[], No
     return run, lambda: None
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cycles", type=int, default=300, help="cycles per round (default 300)")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    args = parser.parse_args()
+Runner = tuple[Callable[[int], int], Callable[[], None]]
 
-    with MotoServer() as server:
-        endpoint = server.endpoint_url
-        boto3.client("dynamodb", endpoint_url=endpoint, **CREDENTIALS).create_table(
-            TableName=TABLE,
-            AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
-            KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
-        contenders: dict[str, tuple[Callable[[int], int], Callable[[], None]]] = {
-            "fastlease fast": fastlease_runner(endpoint, True),
-            "fastlease fencing": fastlease_runner(endpoint, True, fencing=True),
-            "fastlease boto3": fastlease_runner(endpoint, False),
-        }
-        try:
-            import pydynox
 
-            contenders[f"pydynox {pydynox.__version__}"] = pydynox_runner(endpoint)
-        except ImportError:
-            print("pydynox is not installed (make bench installs it)", file=sys.stderr)
+def raw_exchange_runner(endpoint: str) -> Runner:
+    """Replays the bytes of one fastlease cycle's two requests (PutItem, DeleteItem), as its fast path
+    sent them, with a bare sendall and recv on one kept-alive socket: the exchange with nothing around it.
+    moto checks no signature's age, so the same bytes are answered each time (the PutItem, then the
+    DeleteItem of that row)."""
+    sent: list[bytes] = []
+    original = FastTransport._exchange
+
+    def capture(self: FastTransport, operation: str, message: bytes, timeout_s: float) -> tuple[int, bytes]:
+        sent.append(message)
+        return original(self, operation, message, timeout_s)
+
+    run, close = fastlease_runner(endpoint, True)
+    FastTransport._exchange = capture  # type: ignore[method-assign]
+    try:
+        run(1)
+    finally:
+        FastTransport._exchange = original  # type: ignore[method-assign]
+        close()
+    put, delete = sent
+    host, port = endpoint.rpartition("/")[2].split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def replay(cycles: int) -> int:
+        for _ in range(cycles):
+            for message in (put, delete):
+                sock.sendall(message)
+                answer = sock.recv(65536)
+                if not answer.startswith(b"HTTP/1.1 200"):
+                    raise RuntimeError(f"the replayed request was refused: {answer[:200]!r}")
+        return 2 * cycles
+
+    return replay, sock.close
+
+
+def contenders_for(endpoint: str) -> dict[str, Runner]:
+    contenders: dict[str, Runner] = {
+        "fastlease fast": fastlease_runner(endpoint, True),
+        "fastlease fencing": fastlease_runner(endpoint, True, fencing=True),
+        "fastlease boto3": fastlease_runner(endpoint, False),
+    }
+    try:
+        import pydynox
+
+        contenders[f"pydynox {pydynox.__version__}"] = pydynox_runner(endpoint)
+    except ImportError:
+        print("pydynox is not installed (make bench installs it)", file=sys.stderr)
+    contenders["raw exchange"] = raw_exchange_runner(endpoint)
+    return contenders
+
+
+def create_table(endpoint: str) -> None:
+    boto3.client("dynamodb", endpoint_url=endpoint, **CREDENTIALS).create_table(
+        TableName=TABLE,
+        AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
+        KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+
+
+def measure(latency_ms: float, rounds: int, cycles: int) -> None:
+    """One table: every contender against one server (``latency_ms``: its response floor), interleaved."""
+    with MotoServer(latency_ms=latency_ms) as server:
+        create_table(server.endpoint_url)
+        contenders = contenders_for(server.endpoint_url)
         for run, _ in contenders.values():
             run(20)  # warm-up: connections, lock clients, caches
         wall: dict[str, list[float]] = {name: [] for name in contenders}
         cpu: dict[str, list[float]] = {name: [] for name in contenders}
         requests: dict[str, int] = {name: 0 for name in contenders}
-        for _ in range(args.rounds):
+        for _ in range(rounds):
             for name, (run, _) in contenders.items():
                 wall_start, cpu_start = time.perf_counter(), time.process_time()
-                requests[name] += run(args.cycles)
-                cpu[name].append((time.process_time() - cpu_start) / args.cycles * 1e6)
-                wall[name].append((time.perf_counter() - wall_start) / args.cycles * 1e6)
+                requests[name] += run(cycles)
+                cpu[name].append((time.process_time() - cpu_start) / cycles * 1e6)
+                wall[name].append((time.perf_counter() - wall_start) / cycles * 1e6)
         for _, close in contenders.values():
             close()
 
-    total = args.rounds * args.cycles
-    print(f"# dynamodb_cycle: {args.rounds} interleaved rounds x {args.cycles} cycles against one serialised "
-          f"moto server, Python {platform.python_version()}, {platform.machine()}, {time.strftime('%Y-%m-%d')}")
+    server_kind = f"every response held to {latency_ms:g} ms" if latency_ms else "at moto's own speed"
+    print(f"# dynamodb_cycle: {rounds} interleaved rounds x {cycles} cycles against one serialised moto server, "
+          f"{server_kind}, Python {platform.python_version()}, {platform.machine()}, {time.strftime('%Y-%m-%d')}")
     print(f"{'client':<18}{'cycles/s':>10}{'wall us/cycle':>15}{'CPU us/cycle':>14}{'requests/cycle':>16}")
     medians = {}
     for name in contenders:
         medians[name] = (statistics.median(wall[name]), statistics.median(cpu[name]))
         print(f"{name:<18}{1e6 / medians[name][0]:>10,.0f}{medians[name][0]:>15,.0f}{medians[name][1]:>14,.0f}"
-              f"{requests[name] / total:>16.2f}")
+              f"{requests[name] / (rounds * cycles):>16.2f}")
     for name in medians:
         if name.startswith("pydynox"):
             for ours in ("fastlease fast", "fastlease fencing", "fastlease boto3"):
@@ -151,6 +205,24 @@ def main() -> int:
                 print(f"{ours} / {name}: CPU {medians[ours][1] / medians[name][1]:.2f}x "
                       f"(per round {statistics.median(paired):.2f}x, {paired[0]:.2f}-{paired[-1]:.2f}), "
                       f"wall {medians[ours][0] / medians[name][0]:.2f}x")
+            raw = medians["raw exchange"][1]
+            print(f"above the raw exchange: fastlease fast {medians['fastlease fast'][1] - raw:,.0f} us, "
+                  f"fencing {medians['fastlease fencing'][1] - raw:,.0f} us, {name} {medians[name][1] - raw:,.0f} us")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=300, help="cycles per round (default 300)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--latency-ms", type=float, default=5.0,
+                        help="the second table's response floor (default 5; 0 leaves that table out)")
+    args = parser.parse_args()
+    if args.cycles < 1 or args.rounds < 1 or not 0 <= args.latency_ms <= 1000:
+        parser.error("--cycles and --rounds must be at least 1, --latency-ms in 0..1000")
+    measure(0.0, args.rounds, args.cycles)
+    if args.latency_ms:
+        # Each cycle waits two floors, so fewer cycles per round keep this table's time near the first's.
+        measure(args.latency_ms, args.rounds, max(1, args.cycles // 2))
     plain = [no_network_us(False) for _ in range(3)]
     fenced = [no_network_us(True) for _ in range(3)]
     print(f"no network, fastlease's own work per cycle (best of 3 x 20,000): {min(plain):.1f} us; with fencing "

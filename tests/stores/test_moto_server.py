@@ -184,6 +184,40 @@ def test_start_reports_a_child_that_cannot_start() -> None:
     server.stop()  # still fine after a failed start
 
 
+def test_a_latency_floor_holds_each_response_outside_the_serialising_lock() -> None:
+    """``latency_ms`` (bench/dynamodb_cycle.py's equal-latency table) delays every response to that long
+    after its request arrived, but sleeps outside the lock: two connections' requests wait together."""
+    floor_s = 1.0
+    with moto_server_module().MotoServer(latency_ms=floor_s * 1000) as server:
+        clients = [make_client(server.endpoint_url) for _ in range(2)]
+        for client in clients:
+            client.list_tables()  # connect and warm up; each call already waits the floor
+        took: list[float] = []
+
+        def request(client: Any) -> None:
+            started = time.monotonic()
+            client.list_tables()
+            took.append(time.monotonic() - started)
+
+        started = time.monotonic()
+        threads = [threading.Thread(target=request, args=(client,)) for client in clients]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S)
+        both_s = time.monotonic() - started
+    assert len(took) == 2 and min(took) >= floor_s, took
+    # Serialised sleeps would take two floors; together they take one and the requests' own time.
+    assert both_s < 1.9 * floor_s, both_s
+
+
+def test_a_bad_latency_is_refused_by_name() -> None:
+    done = subprocess.run([sys.executable, "-m", "fastlease.testing.moto_server", "--latency-ms", "-1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--latency-ms must be in 0..60000, got -1.0" in done.stderr
+
+
 def test_import_without_moto_names_the_install_command() -> None:
     code = "import sys; sys.modules['moto'] = None; import fastlease.testing.moto_server"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

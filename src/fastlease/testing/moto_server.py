@@ -36,6 +36,7 @@ import signal
 import socketserver
 import sys
 import threading
+import time
 from typing import IO, Any, Callable, Iterable, List, Optional, Sequence
 
 from ._process import HOST, ServerProcess, watch_parent
@@ -145,10 +146,13 @@ class _KeepAliveHandler(socketserver.StreamRequestHandler):
                 key = name.strip().lower()
                 headers[key] = f"{headers[key]},{value.strip()}" if key in headers else value.strip()
             body = self.rfile.read(int(headers.get("content-length") or 0))
+            arrived = time.monotonic()
             close = version != "HTTP/1.1" or headers.get("connection", "").lower() == "close"
             status, response_headers, payload = self._call_app(method, target, headers, body)
             if self.server.verbose:
                 sys.stderr.write(f"{method} {target} {headers.get('x-amz-target', '')} -> {status}\n")
+            # Outside the serialising lock: other connections' requests go on meanwhile.
+            time.sleep(max(0.0, arrived + self.server.latency_s - time.monotonic()))
             head = [f"HTTP/1.1 {status}"]
             head += [f"{name}: {value}" for name, value in response_headers
                      if name.lower() not in ("content-length", "connection", "transfer-encoding")]
@@ -211,9 +215,11 @@ class KeepAliveWSGIServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     server_address: tuple[str, int]  # an AF_INET server's (host, port)
 
-    def __init__(self, address: tuple[str, int], app: Any, *, verbose: bool = False) -> None:
+    def __init__(self, address: tuple[str, int], app: Any, *, verbose: bool = False, latency_s: float = 0.0) -> None:
         self.app = app
         self.verbose = verbose  # one line per request on stderr (off: a piped stderr would fill up)
+        #: No response leaves sooner than this after its request arrived (see serve()'s ``latency_ms``).
+        self.latency_s = latency_s
         super().__init__(address, _KeepAliveHandler)
 
     @property
@@ -233,11 +239,16 @@ def serve(
     parent_pid: Optional[int] = None,
     verbose: bool = False,
     ready_stream: Optional[IO[str]] = None,
+    latency_ms: float = 0.0,
 ) -> None:
     """Run the serialised moto server in this process until SIGTERM or SIGINT. Main thread only.
 
     Prints exactly one ``READY http://127.0.0.1:<port>`` line to ``ready_stream`` (stdout) once the socket
-    is listening. With ``parent_pid``, the server also stops when that process goes away.
+    is listening. With ``parent_pid``, the server also stops when that process goes away. With
+    ``latency_ms``, no response leaves sooner than that after its request arrived, whatever the operation,
+    as with a remote endpoint: a benchmark of client CPU needs it, because on these machines a client's
+    CPU per request grows with how long it idles between requests (caches and cores go cold), and moto
+    takes longer over some operations (a transaction) than others.
     """
     _check_host(host)
     werkzeug_app = _load_moto()
@@ -245,7 +256,7 @@ def serve(
     # The same factory pair moto's own ``moto_server`` and ThreadedMotoServer use: a dispatcher that builds
     # one Flask app per AWS service on demand. We wrap the dispatcher, so every service is serialised.
     app = SerialisedWSGIApp(werkzeug_app.DomainDispatcherApplication(werkzeug_app.create_backend_app))
-    server = KeepAliveWSGIServer((host, port), app, verbose=verbose)
+    server = KeepAliveWSGIServer((host, port), app, verbose=verbose, latency_s=latency_ms / 1000)
     # Some moto services build URLs (e.g. SQS queue URLs) from MOTO_PORT, as moto_server sets it.
     os.environ.setdefault("MOTO_PORT", str(server.port))  # noqa: SIM112
 
@@ -280,6 +291,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="send no response sooner than this after its request arrived (default 0)")
     args = parser.parse_args(argv)
     try:
         _check_host(args.host)
@@ -287,7 +300,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(str(error))  # exits with status 2 and the message on stderr
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
-    serve(args.host, args.port, parent_pid=args.parent_pid, verbose=args.verbose)
+    if not 0 <= args.latency_ms <= 60_000:
+        parser.error(f"--latency-ms must be in 0..60000, got {args.latency_ms}")
+    serve(args.host, args.port, parent_pid=args.parent_pid, verbose=args.verbose, latency_ms=args.latency_ms)
     return 0
 
 
@@ -301,9 +316,10 @@ class MotoServer:
     own when this process dies.
     """
 
-    def __init__(self, host: str = ALLOWED_HOST) -> None:
-        # Not validated here on purpose: the child refuses any other host, and start() reports that.
+    def __init__(self, host: str = ALLOWED_HOST, *, latency_ms: float = 0.0) -> None:
+        # Not validated here on purpose: the child refuses any other host and latency, and start() reports that.
         self._host = host
+        self._latency_ms = latency_ms
         self._process = ServerProcess(f"moto test server (host {host!r})")
 
     @property
@@ -333,7 +349,8 @@ class MotoServer:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src_dir, env.get("PYTHONPATH")) if p)
 
         def command(port: int) -> list[str]:
-            return [sys.executable, "-m", "fastlease.testing.moto_server", "--host", self._host, "--port", str(port)]
+            return [sys.executable, "-m", "fastlease.testing.moto_server", "--host", self._host, "--port", str(port),
+                    "--latency-ms", str(self._latency_ms)]
 
         self._process.start(command, _is_ready_line, timeout_s=timeout_s, env=env)
         return self.endpoint_url
