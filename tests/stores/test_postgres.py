@@ -168,6 +168,24 @@ def test_transaction_pooling_keeps_no_session_state_on_the_connections(make_clie
     assert "0" not in seen[False][0] and seen[False][1] >= 2  # the acquisition and the release, prepared
 
 
+def test_timeouts_a_few_ms_apart_keep_the_bounds_already_on_the_connection(make_client):
+    # A handoff's acquisition carries what is left of its wait (4.987 s), its release the whole timeout:
+    # setting the server's bounds anew for each cost a round trip per request. Far apart, they follow.
+    client = make_client("fl-bounds", tables=("locks",))
+    session = client.store._take(5.0)  # one connection serves these requests one after another
+    try:
+        def bound_after(timeout_s: float) -> str:
+            session.run(b"SELECT 1", [], timeout_s, prepare=False)
+            return str(session.connection.execute("SHOW statement_timeout").fetchone()[0])
+
+        assert bound_after(5.0) == "4s"  # 80% of the request's timeout
+        assert bound_after(4.987) == "4s" and bound_after(5.3) == "4s"  # within 60-85% of it: kept
+        assert bound_after(1.0) == "800ms"  # 4 s would outlast the client's own deadline
+        assert bound_after(2.0) == "1600ms"  # 800 ms would cancel statements early
+    finally:
+        client.store._give_back(session)
+
+
 # ---- tables ---------------------------------------------------------------------------------------------
 def test_creating_the_tables_twice_is_fine(make_client):
     client = make_client()
