@@ -16,7 +16,8 @@ have imported and connected.
 Reported: handoff latency p50/p99 (from one holder's release to the next acquisition by another
 worker, on the system-wide monotonic clock), each worker's share of the acquisitions, and reads per
 acquisition and per waiting second.
-Run: ``.venv/bin/python bench/handoff.py [--seconds 8] [--stores memory,dynamodb,redis,redis-cluster]``.
+Run: ``.venv/bin/python bench/handoff.py [--seconds 8] [--stores memory,dynamodb,redis,redis-cluster]
+[--workers 4]``; ``--workers 17`` keeps 16 processes waiting while one holds (how reads grow with the waiters).
 """
 
 from __future__ import annotations
@@ -178,6 +179,9 @@ def summarise(name: str, results: list[dict[str, Any]]) -> None:
     handoffs = [max(0.0, nxt[0] - cur[1]) * 1000 for cur, nxt in zip(timeline, timeline[1:]) if nxt[2] != cur[2]]
     total = len(timeline)
     shares = [len(result["holds"]) / total * 100 if total else 0.0 for result in results]
+    # Beyond 4 workers, the lowest and highest shares (each worker's would not fit the column).
+    share_text = " ".join(f"{s:4.0f}%" for s in shares) if len(shares) <= 4 else \
+        f"min {min(shares):.0f}% max {max(shares):.0f}%"
     p50 = statistics.median(handoffs) if handoffs else float("nan")
     p99 = sorted(handoffs)[int(len(handoffs) * 0.99)] if handoffs else float("nan")
     if any(result["reads"] is None for result in results):
@@ -186,11 +190,11 @@ def summarise(name: str, results: list[dict[str, Any]]) -> None:
         reads = sum(result["reads"] for result in results)
         waited_s = sum(result["waited_ms"] for result in results) / 1000
         read_columns = f"{reads / max(total, 1):>11.2f}{reads / max(waited_s, 1e-9):>14.1f}"
-    print(f"{name:<{LABEL_WIDTH}}{total:>7}{p50:>10.1f}{p99:>10.1f}   {' '.join(f'{s:4.0f}%' for s in shares):<23}"
+    print(f"{name:<{LABEL_WIDTH}}{total:>7}{p50:>10.1f}{p99:>10.1f}   {share_text:<23}"
           + read_columns)
 
 
-def threads_on_memory(library: str, seconds: float) -> list[dict[str, Any]]:
+def threads_on_memory(library: str, seconds: float, workers: int = WORKERS) -> list[dict[str, Any]]:
     if library == "fastlease":
         from fastlease import MemoryClient
 
@@ -203,13 +207,13 @@ def threads_on_memory(library: str, seconds: float) -> list[dict[str, Any]]:
         backend.__enter__()
         client = backend.client
         client.sync_create_table(TABLE, partition_key=("key", "S"))
-    results: list[Any] = [None] * WORKERS
+    results: list[Any] = [None] * workers
     start_at = time.monotonic() + 0.2
 
     def work(index: int) -> None:
         results[index] = run_worker(library, client, seconds, start_at)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(WORKERS)]
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -267,28 +271,32 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="each setup's run (default 8)")
     parser.add_argument("--stores", default=",".join(SECTIONS),
                         help=f"comma-separated sections to run (default {','.join(SECTIONS)})")
+    parser.add_argument("--workers", type=int, default=WORKERS,
+                        help=f"contenders per setup (default {WORKERS}; 17 puts 16 processes in wait)")
     args = parser.parse_args()
+    if not 2 <= args.workers <= 64:
+        parser.error(f"--workers must be in 2..64, got {args.workers}")
     args.stores = set(args.stores.split(","))
     if args.stores - set(SECTIONS):
         parser.error(f"unknown section(s) {', '.join(sorted(args.stores - set(SECTIONS)))}: "
                      f"choose from {','.join(SECTIONS)}")
-    print(f"# handoff: {WORKERS} workers, {WORK_S * 1000:g} ms critical section, {args.seconds:g} s each, "
+    print(f"# handoff: {args.workers} workers, {WORK_S * 1000:g} ms critical section, {args.seconds:g} s each, "
           f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
     print(f"{'setup':<{LABEL_WIDTH}}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
           f"{'reads/acq':>11}{'reads/s wait':>14}")
     if "memory" in args.stores:
         for library in ("fastlease", "pydynox"):
-            summarise(f"{library}: threads, memory", threads_on_memory(library, args.seconds))
+            summarise(f"{library}: threads, memory", threads_on_memory(library, args.seconds, args.workers))
     if "dynamodb" in args.stores:
-        dynamodb_section(args.seconds)
+        dynamodb_section(args.seconds, args.workers)
     if "redis" in args.stores:
-        redis_section(args.seconds)
+        redis_section(args.seconds, args.workers)
     if "redis-cluster" in args.stores:
-        redis_cluster_section(args.seconds)
+        redis_cluster_section(args.seconds, args.workers)
     return 0
 
 
-def dynamodb_section(seconds: float) -> None:
+def dynamodb_section(seconds: float, workers: int) -> None:
     import boto3
 
     from fastlease.testing.moto_server import MotoServer
@@ -301,20 +309,20 @@ def dynamodb_section(seconds: float) -> None:
             BillingMode="PAY_PER_REQUEST",
         )
         for library in ("fastlease", "pydynox"):
-            summarise(f"{library}: processes, DynamoDB", processes_on(library, server.endpoint_url, seconds))
+            summarise(f"{library}: processes, DynamoDB", processes_on(library, server.endpoint_url, seconds, workers))
 
 
-def redis_section(seconds: float) -> None:
+def redis_section(seconds: float, workers: int) -> None:
     from fastlease.testing.redis_server import RedisServer
 
     with RedisServer() as server:
         for library, label in (("fastlease", "fastlease: processes, Redis"),
                                ("fastlease-polling", "fastlease, polling only: Redis"),
                                *((peer, f"{peer}: processes, Redis") for peer in REDIS_PEERS)):
-            summarise(label, processes_on(library, server.url, seconds))
+            summarise(label, processes_on(library, server.url, seconds, workers))
 
 
-def redis_cluster_section(seconds: float) -> None:
+def redis_cluster_section(seconds: float, workers: int) -> None:
     """The Redis setups on a three-node cluster of this run's own (stopped by its nodes' PIDs, also on an
     error); the peer is redis-py's ``Lock`` on a ``redis.cluster.RedisCluster``."""
     from fastlease.testing.redis_cluster import RedisClusterServer
@@ -323,7 +331,7 @@ def redis_cluster_section(seconds: float) -> None:
         for library, label in (("fastlease", "fastlease: processes, Redis Cluster"),
                                ("fastlease-polling", "fastlease, polling only: Redis Cluster"),
                                ("redis-py", "redis-py: processes, Redis Cluster")):
-            summarise(label, processes_on(library, cluster.url, seconds))
+            summarise(label, processes_on(library, cluster.url, seconds, workers))
 
 
 if __name__ == "__main__":
