@@ -11,10 +11,9 @@ adds to the client's CPU whatever the server's latency.
 
 Then the same contenders again against a second server that holds every response until ``--latency-ms``
 (5) after its request arrived, whatever the operation, as a remote endpoint does. On these machines a
-client's CPU per request grows with how long it idled before it (its code and data go cold: sleeping
-0.7 ms longer inside each held block raised one run's main-thread CPU per cycle from about 290 to about
-410 µs), and moto spends longer on a transaction than on a PutItem, so in the first table a fenced
-acquisition is charged for moto's slowness; in the second every client waits alike. Each table ends with
+client's CPU per request grows with how long it idled before it (its code and data go cold), and moto
+spends longer on a transaction than on a PutItem, so in the first table a fenced acquisition is charged
+for moto's slowness; in the second every client waits alike. Each table ends with
 the raw exchange: fastlease's own two requests of a cycle, their bytes as sent, replayed on one
 kept-alive socket by a bare ``sendall`` and ``recv``: the CPU that any client pays for the exchange itself.
 Run: ``.venv/bin/python bench/dynamodb_cycle.py [--cycles N] [--rounds R] [--latency-ms MS]``.
@@ -29,6 +28,7 @@ import statistics
 import sys
 import time
 from typing import Callable
+from urllib.parse import urlsplit
 
 import boto3
 
@@ -127,8 +127,8 @@ def raw_exchange_runner(endpoint: str) -> Runner:
         FastTransport._exchange = original  # type: ignore[method-assign]
         close()
     put, delete = sent
-    host, port = endpoint.rpartition("/")[2].split(":")
-    sock = socket.create_connection((host, int(port)))
+    address = urlsplit(endpoint)
+    sock = socket.create_connection((address.hostname, address.port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def replay(cycles: int) -> int:
@@ -159,19 +159,12 @@ def contenders_for(endpoint: str) -> dict[str, Runner]:
     return contenders
 
 
-def create_table(endpoint: str) -> None:
-    boto3.client("dynamodb", endpoint_url=endpoint, **CREDENTIALS).create_table(
-        TableName=TABLE,
-        AttributeDefinitions=[{"AttributeName": "key", "AttributeType": "S"}],
-        KeySchema=[{"AttributeName": "key", "KeyType": "HASH"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
-
-
 def measure(latency_ms: float, rounds: int, cycles: int) -> None:
     """One table: every contender against one server (``latency_ms``: its response floor), interleaved."""
     with MotoServer(latency_ms=latency_ms) as server:
-        create_table(server.endpoint_url)
+        admin = DynamoDBClient(session=boto3.session.Session(**CREDENTIALS), endpoint_url=server.endpoint_url)
+        admin.create_lock_table(TABLE)
+        admin.close()
         contenders = contenders_for(server.endpoint_url)
         for run, _ in contenders.values():
             run(20)  # warm-up: connections, lock clients, caches

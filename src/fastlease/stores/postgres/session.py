@@ -42,9 +42,9 @@ class Failure(Exception):
 SERVER_TIMEOUT_SHARE = 0.8
 #: A connection keeps its server-side bounds while they lie within this share of the request's timeout:
 #: a handoff's requests carry timeouts a few milliseconds apart (an acquisition's is what is left of its
-#: wait, a release's the whole), and setting the bounds anew for each cost a round trip per request (on
-#: 2026-12-04: 2.2 per contended acquisition, 250 µs of every handoff's release). Above the band, the
-#: client's deadline could pass before the server cancels; below it, statements are cancelled early.
+#: wait, a release's the whole), and setting the bounds anew for each cost one more round trip each.
+#: Above the band, the client's deadline could pass before the server cancels; below it, statements are
+#: cancelled early.
 SERVER_TIMEOUT_BAND = (0.6, 0.85)
 
 
