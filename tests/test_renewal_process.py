@@ -385,14 +385,15 @@ def _script_calls(entries: list[dict[str, Any]], name: str, key: str) -> list[in
     from fastlease.stores.redis import scripts as store
 
     script = next(s for s in store.NODE_SCRIPTS.all if s.name == name)
-    prefix = f"EVALSHA {script.sha.decode()} 1 {store.lease_key('locks', key).decode()} "
+    # The lease is always the first key; RELEASE names the key's line of waiters too.
+    pattern = re.compile(f"EVALSHA {script.sha.decode()} [1-9] {re.escape(store.lease_key('locks', key).decode())} ")
 
     def refused(at: int) -> bool:  # answered NOSCRIPT: the same client's next command loads the script
         port = entries[at].get("client_port")
         later = next((entry for entry in entries[at + 1:] if entry.get("client_port") == port), None)
         return later is not None and later["command"].startswith("SCRIPT LOAD")
 
-    return [i for i, entry in enumerate(entries) if entry["command"].startswith(prefix) and not refused(i)]
+    return [i for i, entry in enumerate(entries) if pattern.match(entry["command"]) and not refused(i)]
 
 
 @pytest.fixture

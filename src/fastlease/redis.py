@@ -73,6 +73,8 @@ class RedisClient(LeaseClient):
             raise TypeError(f"wake_on_release must be a bool, got {wake_on_release!r}")
         super().__init__(self.store, clock=clock, **engine)
         self.engine.release_feed = self.store.release_feed if wake_on_release else None
+        # Waiters queue in the store's line of waiters per key, each woken alone on its turn by the feed.
+        self.engine.line = self.store if wake_on_release else None
 
     def __repr__(self) -> str:
         return f"RedisClient({self.store.describe()})"

@@ -166,9 +166,11 @@ def woken_by_a_release(holder: RedisClient, waiter_client: RedisClient, key: str
             held.__enter__()
             waiter = Waiter(waiter_client, key)
         wait_until(lambda: feed.subscribed("locks", key), BOUND_S, "the waiter's subscription")
-        # Waiting, not about to try: its mark is on the row (a subscription may linger from a round before).
-        wait_until(lambda: [row["waiting"] for row in holder.inspect("locks", key)] == [True], BOUND_S,
-                   "the waiter's mark")
+        # Waiting: it has its place in the key's line (a subscription may linger from a round before).
+        def in_line(line: bytes = ClusterLayout.line("locks", key)) -> bool:
+            return waiter_client.store.call(key, T, b"ZCARD", line) == 1
+
+        wait_until(in_line, BOUND_S, "the waiter's place in line")
         released_at = time.monotonic()
         held.__exit__(None, None, None)
         waiter.join()
@@ -335,6 +337,7 @@ def test_a_redis_cluster_object_is_accepted_with_its_nodes(redis_cluster_db, red
 DOCUMENTED_ACL = ["resetkeys", "~fastlease:*", "resetchannels", "&fastlease:*", "-@all",
                   "+evalsha", "+script|load", "+hgetall", "+subscribe", "+unsubscribe",
                   "+exists", "+incr", "+hset", "+hget", "+hmget", "+pexpire", "+pttl", "+del", "+publish",
+                  "+time", "+zadd", "+zcard", "+zrange", "+zrem", "+hdel",
                   "+cluster|slots", "+asking", "+ssubscribe", "+sunsubscribe", "+spublish", "+scan"]
 
 

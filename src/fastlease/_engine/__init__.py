@@ -14,15 +14,16 @@ The modules, each importing only those before it:
 * ``scheduler``: the renewal scheduler, and what it asks of a lease (``Renewable``);
 * ``engine``: the engine's state per client, the observer it tells, fork detection;
 * ``held``: a lease's state and how it is kept (validity, loss, renewal here or by the renewal process);
+* ``waiting``: a lease while it waits: its sleeps, its wake-ups, the store's line of waiters;
 * ``lease``: the lease's acquisition and release;
 * ``slots``: a semaphore's acquisition, a lease on the first free one of its slot keys.
 """
 
 from __future__ import annotations
 
-from . import contention, engine, held, keys, lease, scheduler, slots, timing
+from . import contention, engine, held, keys, lease, scheduler, slots, timing, waiting
 from .contention import ObservationCache, ReleaseSignals
-from .engine import Engine, Observer, check_not_forked, current_pid
+from .engine import Engine, Observer, check_not_forked, current_pid, describe_store_error
 from .held import STATE_NAMES, HeldLease
 from .keys import (
     SEMAPHORE_OWNER,
@@ -33,7 +34,7 @@ from .keys import (
     check_row,
     holder_kind,
 )
-from .lease import Lease, describe_store_error
+from .lease import Lease
 from .scheduler import Renewable, RenewalScheduler
 from .slots import MAX_LIMIT, SLOT_SEPARATOR, SlotLease, check_limit, slot_keys
 from .timing import (
@@ -55,7 +56,7 @@ from .timing import (
 
 #: The engine's modules, in the order they import each other (tests/test_layers.py checks it); fastlease._impl
 #: checks each for a stale build.
-MODULES = (timing, keys, contention, scheduler, engine, held, lease, slots)
+MODULES = (timing, keys, contention, scheduler, engine, held, waiting, lease, slots)
 
 
 def _implementation() -> str:

@@ -24,6 +24,7 @@ cdef class Engine:
     cdef readonly RenewalScheduler scheduler
     cdef readonly ReleaseSignals signals
     cdef public object release_feed
+    cdef public object line
     cdef public object link
     cdef public object renewal_listener
     cdef public object observer

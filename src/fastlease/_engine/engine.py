@@ -84,6 +84,13 @@ class Observer(Protocol):
         stored outcome) or ``miss`` (runs), or refused as ``in_flight`` or ``mismatch``."""
 
 
+def describe_store_error(error: BaseException) -> str:
+    """``StoreError`` text for messages, led by the type of the failure under it when there is one
+    (``ConnectionRefusedError: ...``), which is what a reader looks for first."""
+    cause = error.__cause__ if error.__cause__ is not None else error
+    return f"{type(cause).__name__}: {error}"
+
+
 # ---------------------------------------------------------------------------------------------
 # The engine's state per client
 # ---------------------------------------------------------------------------------------------
@@ -104,6 +111,9 @@ class Engine:
         # Stores that can report releases made by other processes (Redis pub/sub) set this before
         # the first lease; None means waiters poll.
         self.release_feed: Any = None
+        # The store, set with the feed where it keeps a line of waiters per key (``read_in_line``,
+        # ``put_in_turn``, ``leave_line``): a release then wakes the next waiter alone. None: no line.
+        self.line: Any = None
         # The client's renewal process (``_renewal_link.RenewalLink``), set by clients whose store it
         # can renew; None keeps every renewal in this process.
         self.link: Any = None

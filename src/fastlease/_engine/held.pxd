@@ -76,6 +76,9 @@ cdef class HeldLease(Renewable):
     cdef object _ticket
     cdef object _feed
     cdef object _watch
+    cdef object _line
+    cdef object _waiter
+    cdef bint _turn
     cdef int64_t _writes, _reads, _conditional_failures, _request_failures
     cdef int64_t _wait_timeouts, _cleanup_failures, _wait_ns
     cdef int64_t _renew_writes, _renew_reads, _renew_conditional_failures, _renew_request_failures

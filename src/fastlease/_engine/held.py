@@ -154,6 +154,10 @@ class HeldLease(Renewable):
         self._cancelled = False
         self._ticket: Optional[threading.Event] = None  # our place in the client's wait queue; caller
         self._watch: Any = None  # our watch on the store's release feed while waiting; caller only
+        self._waiter: Optional[str] = None  # our id in the store's line of waiters for the key; caller only
+        # The key is free and it is our turn in its line (the feed's listener sets it on a release to us,
+        # a read in line when it finds so): the next attempt writes first.
+        self._turn = False
 
     def _init_counters(self) -> None:
         """The request counters behind ``metrics``, each written by one thread, all at zero."""
@@ -189,6 +193,7 @@ class HeldLease(Renewable):
         self._signals = engine.signals
         # The store's feed of releases made anywhere (Redis pub/sub), or None; our watch while waiting.
         self._feed = engine.release_feed
+        self._line = engine.line  # the store, where it keeps a line of waiters per key; else None
         # The client's renewal process (``_renewal_link.RenewalLink``), or None: renewals stay here.
         self._link = engine.link
         # Told of every confirmed renewal (the renewal process reports them to the holder), or None.

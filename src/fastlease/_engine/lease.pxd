@@ -6,7 +6,7 @@
 cimport cython
 from libc.stdint cimport int64_t
 
-from fastlease._engine.held cimport HeldLease
+from fastlease._engine.waiting cimport WaitingLease
 from fastlease._engine.keys cimport check_key, check_row
 from fastlease._engine.contention cimport ReleaseSignals
 from fastlease._engine.timing cimport (cleanup_budget_ns, next_backoff_ns, renew_interval_ns, renew_retry_ns,
@@ -20,20 +20,17 @@ cdef int64_t _NS_PER_MS
 
 
 
-# Not final: slots.SlotLease (a semaphore's acquisition) overrides _attempt, _wait_turn and _wait_ran_out; every other C
-# method is final, so that calls to it stay direct (not through the class's table of methods).
-cdef class Lease(HeldLease):
-    cdef _wait_turn(self, ReleaseSignals signals, int64_t delay_ns, bint after_attempt)
+# Not final: slots.SlotLease (a semaphore's acquisition) overrides _attempt (and WaitingLease's _wait_turn and
+# _wait_ran_out); every other C method is final, so that calls to it stay direct (not through the class's table of methods).
+cdef class Lease(WaitingLease):
     @cython.locals(state=int)
     @cython.final
     cdef _fail_acquisition(self, int64_t start_ns, object error)
     @cython.final
-    cdef _mark_waiting(self, str owner, str version, int64_t deadline_ns)
-    @cython.final
     cdef object _put_or_read(self, int64_t deadline_ns)
     @cython.locals(now_ns=int64_t)
     @cython.final
-    cdef object _read(self, int64_t deadline_ns)
+    cdef object _read(self, int64_t deadline_ns, bint in_line=*)
     @cython.final
     cdef bint _put(self, int64_t deadline_ns) except -1
     @cython.final
@@ -43,15 +40,11 @@ cdef class Lease(HeldLease):
     @cython.final
     cdef object _reconcile_acquisition(self, int64_t deadline_ns)
     @cython.locals(start_ns=int64_t, deadline_ns=int64_t, backoff_ns=int64_t, delay_ns=int64_t,
-                   remaining_ns=int64_t, acquired=bint, reached=bint, signals=ReleaseSignals)
+                   remaining_ns=int64_t, acquired=bint, reached=bint, signals=ReleaseSignals, poll_ms=int64_t)
     cpdef acquire(self)
     @cython.final
     cdef _begin_acquisition(self)
-    @cython.locals(courtesy_ns=int64_t)
-    @cython.final
-    cdef _let_a_waiter_go_first(self, ReleaseSignals signals)
-    cdef object _wait_ran_out(self, object last_error, bint reached)
-    @cython.locals(now_ns=int64_t, remaining_ns=int64_t, seen_ns=int64_t, stored_lease_ms=int64_t)
+    @cython.locals(now_ns=int64_t, remaining_ns=int64_t, seen_ns=int64_t, stored_lease_ms=int64_t, turn=bint)
     cdef bint _attempt(self, int64_t deadline_ns) except -1
     @cython.locals(mono_ns=int64_t, wall_ns=int64_t, timeout_s=double)
     @cython.final

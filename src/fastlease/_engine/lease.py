@@ -1,7 +1,7 @@
 # cython: language_level=3, embedsignature=True, freethreading_compatible=True, annotation_typing=False
 """The lease: one acquisition of one key, the protocol's state machine. Acquisition (wait, take over,
-reconcile) and release are here, with the strict reading of a stored row; its state and renewal are
-``held.HeldLease``.
+reconcile) and release are here, with the strict reading of a stored row; its waiting between attempts
+is ``waiting.WaitingLease``, and its state and renewal ``held.HeldLease``.
 
 Stores below the engine are single atomic operations; the public API above it converts seconds to
 milliseconds and shapes the guards. The rules are stated in ``docs/protocol.md``; the map of the
@@ -10,19 +10,18 @@ layers is ``docs/architecture.md``.
 
 from __future__ import annotations
 
-import threading
-
 from .._logging import get_logger
 from .._typing import cast
 from ..exceptions import LockLost, LockNotAcquired, LockReleaseError, StoreError
 from ..stores.base import DELETED_WITH_WAITERS, NOT_DELETED
 from .engine import check_not_forked
-from .held import ACQUIRING, FAILED, HELD, LOST, NEW, RELEASED, RELEASING, STATE_NAMES, HeldLease
+from .held import ACQUIRING, FAILED, HELD, LOST, NEW, RELEASED, RELEASING, STATE_NAMES
 from .keys import check_holder_kind, check_row
 from .timing import (
     DELEGATE_MIN_LEASE_MS,
     ERROR_BACKOFF_MS,
     NEVER_SET,
+    POLL_IN_LINE_MS,
     POLL_INTERVAL_MS,
     WAITING_MARK_AFTER_MS,
     cleanup_budget_ns,
@@ -34,12 +33,12 @@ from .timing import (
     seconds_text,
 )
 from .timing import NS_PER_MS as _NS_PER_MS
+from .waiting import WaitingLease
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:  # annotations only
     from typing import Any, Callable, Optional
 
-    from .contention import ReleaseSignals
     from .engine import Observer  # noqa: F401  # named in cast() strings
 
 BUILT_FROM = "" if __file__.endswith((".py", ".pyc")) else FASTLEASE_SOURCE_CRC.decode("ascii")  # type: ignore[name-defined]  # noqa: F821
@@ -47,15 +46,7 @@ BUILT_FROM = "" if __file__.endswith((".py", ".pyc")) else FASTLEASE_SOURCE_CRC.
 _log = get_logger("fastlease.engine")
 
 
-# ---------------------------------------------------------------------------------------------
-def describe_store_error(error: BaseException) -> str:
-    """``StoreError`` text for messages, led by the type of the failure under it when there is one
-    (``ConnectionRefusedError: ...``), which is what a reader looks for first."""
-    cause = error.__cause__ if error.__cause__ is not None else error
-    return f"{type(cause).__name__}: {error}"
-
-
-class Lease(HeldLease):
+class Lease(WaitingLease):
     """One acquisition of one key: the protocol state machine. Single use."""
 
     # ---- acquisition (caller's thread) -------------------------------------------------------
@@ -74,8 +65,11 @@ class Lease(HeldLease):
         reached = False  # some attempt got an answer from the store
         signals = self._signals
         acquired = False
+        if self.wait_ms and self._line is not None and not self._kind:  # (a semaphore's slots keep no line)
+            self._waiter = new_token()  # our place in the store's line for the key, if we have to wait
         try:
-            if self.wait_ms and signals.should_yield(self._signal_key, start_ns):
+            # The store's line takes turns on its own; without one, a returning releaser lets others go first.
+            if self.wait_ms and self._waiter is None and signals.should_yield(self._signal_key, start_ns):
                 self._let_a_waiter_go_first(signals)
             while True:
                 if self._ticket is not None:
@@ -89,7 +83,8 @@ class Lease(HeldLease):
                             self._observed = self._observer.acquired(self, self._wait_ns)
                         acquired = True
                         return
-                    delay_ns = min(self._hint_ns, int(POLL_INTERVAL_MS * _NS_PER_MS * (0.5 + jitter())))
+                    poll_ms = POLL_INTERVAL_MS if self._waiter is None else POLL_IN_LINE_MS
+                    delay_ns = min(self._hint_ns, int(poll_ms * _NS_PER_MS * (0.5 + jitter())))
                     backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
                     last_error = None
                     reached = True
@@ -108,21 +103,11 @@ class Lease(HeldLease):
             self._fail_acquisition(start_ns, error)
             raise
         finally:
-            if self._ticket is not None:
-                signals.leave(self._signal_key, self._ticket, acquired)
-            if self._watch is not None:
-                self._feed.unwatch(self._watch)
-                self._watch = None
+            self._end_wait(signals, acquired)
         self._fail_acquisition(start_ns, None)
         if self._cancelled:
             raise LockNotAcquired(f"acquisition of {self.key!r} in table {self.table!r} was cancelled", key=self.key)
         raise self._wait_ran_out(last_error, reached) from last_error
-
-    def _let_a_waiter_go_first(self, signals: ReleaseSignals) -> None:
-        """Others are waiting for this key (``ReleaseSignals.should_yield``): let one go first.
-        The wait outlasts the longest poll interval, so every waiter polls at least once meanwhile."""
-        courtesy_ns = int(POLL_INTERVAL_MS * _NS_PER_MS * (1.5 + 0.25 * jitter()))
-        self._wait_turn(signals, min(courtesy_ns, self.wait_ms * _NS_PER_MS), False)
 
     def _begin_acquisition(self) -> None:
         """NEW -> ACQUIRING, in the process and on the client that made the guard (single use)."""
@@ -135,59 +120,6 @@ class Lease(HeldLease):
             self.state = ACQUIRING
         finally:
             self._mutex.release()
-
-    def _wait_ran_out(self, last_error: Optional[BaseException], reached: bool) -> LockNotAcquired:
-        """The wait budget is spent: the error that says why, from what the wait saw (the last store
-        error, whether the store was ever reached, this client's own hold, a row that never changed)."""
-        self._wait_timeouts += 1
-        budget = seconds_text(self.wait_ms * _NS_PER_MS)
-        message = f"lease on {self.key!r} in table {self.table!r} not acquired within {budget}"
-        if last_error is not None:
-            message += f"; last store error: {describe_store_error(last_error)}"
-            if not reached:
-                _log.warning("the store could not be reached for the whole wait: %s", message)
-        elif self._scheduler.holds(self._cache_key, self):
-            message += ("; this client already holds that key (guards are not reentrant: the holder may be "
-                        "an outer block of this very thread)")
-        elif self._row_seen and self.wait_ms < self._seen_lease_ms and self._first_seen == self._last_seen:
-            message += self._takeover_advice()  # (the row never changed while we waited: its holder may be dead)
-        return LockNotAcquired(message, key=self.key)
-
-    def _takeover_advice(self) -> str:
-        """For a wait shorter than the holder's lease: how long the row was seen unchanged of what a
-        takeover needs, and the wait that would take over a crashed holder's lease in one run."""
-        return (f"; its row was seen unchanged for {self._seen_unchanged_ns / 1e9:.1f} s of the "
-                f"{self._seen_lease_ms / 1000:g} s a takeover needs (one whole lease, on this client's clock): if its "
-                f"holder crashed, a wait_timeout of at least {(self._seen_lease_ms + 2 * POLL_INTERVAL_MS) / 1000:g} s "
-                "takes it over in one run, on any host")
-
-    def cancel(self) -> None:
-        """Give up an acquisition from any thread. The waiting stops at its next step, and a write
-        confirmed after this is deleted rather than held: a late success never revives a cancelled
-        guard. No effect once the lease is held (release it instead)."""
-        self._cancelled = True
-        ticket = self._ticket
-        if ticket is not None:
-            ticket.set()
-
-    def _wait_turn(self, signals: ReleaseSignals, delay_ns: int, after_attempt: bool) -> None:
-        """Sleep up to delay_ns in this client's queue for the key (woken early on our turn, or when
-        the store's feed reports a release anywhere)."""
-        if self._ticket is None:
-            self._ticket = threading.Event()
-        if self._watch is None and self._feed is not None:
-            watch = self._watch = self._feed.watch(self.table, self.key, self._wake_on_release)
-            if not watch.was_ready:
-                # A new subscription: a release between our last read and the server's confirmation
-                # would not reach us. Wait for the confirmation (briefly), then look again at once.
-                self._clock.wait(watch.ready, delay_ns / 1e9)
-                if after_attempt:
-                    return
-        signals.wait(self._clock, self._signal_key, self._ticket, delay_ns / 1e9)
-
-    def _wake_on_release(self) -> None:
-        """The feed saw the key released somewhere: wake this client's oldest waiter on it."""
-        self._signals.notify(self._signal_key)
 
     def _fail_acquisition(self, start_ns: int, error: Optional[BaseException]) -> None:
         """The acquisition is abandoned (budget spent or cancelled: ``error`` None; an error, an
@@ -211,21 +143,25 @@ class Lease(HeldLease):
 
     def _attempt(self, deadline_ns: int) -> bool:
         """One acquisition step. True when held; False with ``_hint_ns`` set when contended."""
+        turn, self._turn = self._turn, False
         if self._pending is not None:
             row = self._reconcile_acquisition(deadline_ns)
-        elif self._row_seen:
+        elif self._row_seen and not turn:
             # Polling a held key costs a read, not a failed conditional write.
-            row = self._read(deadline_ns)
+            row = self._read(deadline_ns, True)
         else:
             row = None
         if row is None:
             row = self._put_or_read(deadline_ns)
-            if row is None:  # released between our put and our read: it earns one more put
+            # Released between our put and our read: it earns one more put (in a line, only on our turn).
+            if row is None and (self._waiter is None or self._turn):
                 row = self._put_or_read(deadline_ns)
         if row is True:
             return True
         self._hint_ns = 0
         if row is None:
+            if self._waiter is not None and not self._turn:
+                self._hint_ns = POLL_IN_LINE_MS * _NS_PER_MS  # free, but another waiter's turn: ours will come
             return False
         check_row(row, self.key)
         self._row_seen = True
@@ -244,28 +180,11 @@ class Lease(HeldLease):
                 if owner != self._marked_owner:
                     # Another contender has waited a while too: after our turn, we yield to it.
                     self._others_waiting = True
-            elif self.wait_ms and now_ns - self._acquire_start_ns >= WAITING_MARK_AFTER_MS * _NS_PER_MS:
+            elif (self.wait_ms and self._waiter is None  # (in a line, the store keeps the turns)
+                  and now_ns - self._acquire_start_ns >= WAITING_MARK_AFTER_MS * _NS_PER_MS):
                 self._mark_waiting(owner, version, deadline_ns)
             return False
         return self._take_over(owner, version, deadline_ns)
-
-    def _mark_waiting(self, owner: str, version: str, deadline_ns: int) -> None:
-        """Tell the holder (in any process) that we have been waiting: it yields the next turn on
-        release. Only a hint: any outcome is fine, and a failure never ends the wait."""
-        self._writes += 1
-        try:
-            timeout_s = self._timeout_s(deadline_ns, self._mono())
-            if not self._store.mark_waiting(self.table, self.key, owner, version, timeout_s, self):
-                self._conditional_failures += 1  # renewed, marked or released meanwhile
-            else:
-                self._marked_owner = owner
-                # The holder will yield its next turn: look again soon, so the contender that has
-                # waited longest (only such a one marks) is the likeliest to take it.
-                soon_ns = int(POLL_INTERVAL_MS * _NS_PER_MS * (0.0625 + 0.125 * jitter()))
-                self._hint_ns = min(self._hint_ns, soon_ns)
-        except StoreError as error:
-            self._request_failures += 1
-            _log.debug("waiting mark on %r failed: %s", self.key, error)
 
     def _put_or_read(self, deadline_ns: int) -> Any:
         """Put a fresh row; if the key is taken, read it. True when held, else the row (or None)."""
@@ -273,12 +192,18 @@ class Lease(HeldLease):
             return True
         if self._pending is not None:  # unknown outcome and the reconciling read failed: back off
             raise StoreError(f"acquisition of {self.key!r} unconfirmed", key=self.key, maybe_committed=True)
-        return self._read(deadline_ns)
+        return self._read(deadline_ns, True)
 
-    def _read(self, deadline_ns: int) -> Any:
+    def _read(self, deadline_ns: int, in_line: bool = False) -> Any:
+        """The row (None when free). ``in_line``: a waiter's read, which also keeps its place in the key's
+        line where the store keeps one, and sets ``_turn`` when the key is free and the turn is ours."""
         now_ns = self._mono()
         self._reads += 1
         try:
+            if in_line and self._waiter is not None:
+                row, self._turn = self._line.read_in_line(self.table, self.key, self._waiter,
+                                                          self._timeout_s(deadline_ns, now_ns), self)
+                return row
             return self._store.read(self.table, self.key, self._timeout_s(deadline_ns, now_ns), self)
         except StoreError:
             self._request_failures += 1
@@ -297,7 +222,11 @@ class Lease(HeldLease):
         timeout_s = self._timeout_s(deadline_ns, mono_ns)
         self._writes += 1
         try:
-            if seen_owner is None:
+            if seen_owner is None and self._waiter is not None:
+                applied = self._line.put_in_turn(
+                    self.table, self.key, owner, version, self.lease_ms, self._waiter, timeout_s, self
+                )
+            elif seen_owner is None:
                 applied = self._store.put_if_absent(
                     self.table, self.key, owner, version, self.lease_ms, timeout_s, self
                 )

@@ -14,8 +14,9 @@ key refuse each other (``keys.check_holder_kind``).
 from __future__ import annotations
 
 from ..exceptions import LockNotAcquired
+from .engine import describe_store_error
 from .keys import SEMAPHORE_OWNER, check_key
-from .lease import Lease, describe_store_error
+from .lease import Lease
 from .timing import MAX_KEY_BYTES, seconds_text
 from .timing import NS_PER_MS as _NS_PER_MS
 

@@ -27,14 +27,16 @@ LISTENER_IDLE_EXIT_S = 30.0
 
 
 class WatchedChannel:
-    """One channel's watchers (ident -> what the feed calls), and ``ready``: subscribed, and confirmed
+    """One channel's watchers (ident -> what the feed calls), ``turns`` (a waiter's id in the key's line,
+    as bytes -> what the feed calls when a message names it), and ``ready``: subscribed, and confirmed
     by the server, on the current connection; ``wake_at``: when the watched lease expires on the server
     (monotonic seconds, 0: not known). Feeds add their own bookkeeping in subclasses."""
 
-    __slots__ = ("watchers", "ready", "idle_since", "wake_at")
+    __slots__ = ("watchers", "turns", "ready", "idle_since", "wake_at")
 
     def __init__(self) -> None:
         self.watchers: dict[int, Any] = {}
+        self.turns: dict[bytes, Any] = {}
         self.ready = threading.Event()
         self.idle_since = 0.0
         self.wake_at = 0.0
@@ -42,15 +44,18 @@ class WatchedChannel:
 
 class Watch:
     """A waiter's interest in one key's releases: ``ready`` once the subscription is confirmed;
-    ``was_ready`` if it already was when the watch began."""
+    ``was_ready`` if it already was when the watch began; ``waiter``, its id in the key's line (bytes), or
+    None."""
 
-    __slots__ = ("channel", "ident", "ready", "was_ready")
+    __slots__ = ("channel", "ident", "ready", "was_ready", "waiter")
 
-    def __init__(self, channel: Any, ident: int, ready: threading.Event, was_ready: bool) -> None:
+    def __init__(self, channel: Any, ident: int, ready: threading.Event, was_ready: bool,
+                 waiter: Optional[bytes] = None) -> None:
         self.channel = channel
         self.ident = ident
         self.ready = ready
         self.was_ready = was_ready
+        self.waiter = waiter
 
 
 class ListenerFeed:
@@ -70,25 +75,33 @@ class ListenerFeed:
         self._stop = threading.Event()
         self.delivered = 0
 
-    def _watch(self, name: Any, watcher: Any) -> Watch:
-        """Add ``watcher`` to channel ``name`` and start the listener if it is not running. Never waits."""
+    def _watch(self, name: Any, watcher: Any, waiter: Optional[str] = None, turn: Any = None) -> Watch:
+        """Add ``watcher`` to channel ``name`` (and ``turn``, for a message that names ``waiter``) and start
+        the listener if it is not running. Never waits."""
+        waiter_id = None if waiter is None else waiter.encode()
         with self._lock:
             channel = self._channels.get(name)
             if channel is None:
                 channel = self._channels[name] = self._new_channel()
             ident = next(self._idents)
             channel.watchers[ident] = watcher
+            if waiter_id is not None:
+                channel.turns[waiter_id] = turn
             was_ready = channel.ready.is_set()
             if not self._stop.is_set() and (self._thread is None or not self._thread.is_alive()):
                 self._thread = threading.Thread(target=self._listen, name=self.thread_name, daemon=True)
                 self._thread.start()
-        return Watch(name, ident, channel.ready, was_ready)
+        return Watch(name, ident, channel.ready, was_ready, waiter_id)
 
     def unwatch(self, watch: Watch) -> None:
         """End ``watch``: its ``wake`` is not called again. The channel stays subscribed ``LINGER_S`` more."""
         with self._lock:
             channel = self._channels.get(watch.channel)
-            if channel is not None and channel.watchers.pop(watch.ident, None) is not None and not channel.watchers:
+            if channel is None:
+                return
+            if watch.waiter is not None:
+                channel.turns.pop(watch.waiter, None)
+            if channel.watchers.pop(watch.ident, None) is not None and not channel.watchers:
                 channel.idle_since = time.monotonic()
 
     def close(self) -> None:
@@ -118,6 +131,17 @@ class ListenerFeed:
                     wakes.extend(channel.watchers.values())
         for wake in wakes:
             wake()
+
+    @staticmethod
+    def wakes_for(channel: WatchedChannel, payload: Any) -> list[Callable[[], None]]:
+        """Under the lock: whom one message wakes. A message that names a waiter in the key's line wakes
+        that waiter alone (none, if it waits in another process); any other ("1") wakes every watcher."""
+        turn = channel.turns.get(payload) if isinstance(payload, bytes) and payload != b"1" else None
+        if turn is not None:
+            return [turn]
+        if payload == b"1" or not isinstance(payload, bytes):
+            return list(channel.watchers.values())
+        return []
 
     def _wake_all(self, wakes: list[Callable[[], None]]) -> None:
         """Call the wakes of one message (outside the lock: a wake only sets events)."""

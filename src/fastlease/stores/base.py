@@ -157,6 +157,33 @@ class ReleaseFeed(Protocol):
         ...
 
 
+class WaiterLine(Protocol):
+    """Optional, with a ReleaseFeed: a line of waiters per key, kept by the store (Redis). A client whose
+    store has one sets ``client.engine.line``; a waiting lease then takes a place in the key's line with
+    each read, and the store refuses every acquisition of the free key but that of the first live waiter,
+    whose turn the release announces on the feed (a watch made with that waiter's id calls its ``turn``).
+    Only liveness rests on it: the acquisition's write and its conditions are unchanged."""
+
+    def read_in_line(
+        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter
+    ) -> tuple[Optional[LockRow], bool]:
+        """As ``read``, and ``waiter`` takes a place at the end of the key's line (or keeps its own) for
+        a bounded time. The row, and whether the key is free and ``waiter`` first in line."""
+        ...
+
+    def put_in_turn(
+        self, table: str, key: str, owner: str, version: str, lease_ms: int, waiter: str, timeout_s: float,
+        usage: UsageMeter,
+    ) -> Optional[int]:
+        """As ``put_if_absent``, also refused unless nobody waits in line or ``waiter`` is first among the
+        live waiters; a put that is applied takes ``waiter`` out of the line in the same step."""
+        ...
+
+    def leave_line(self, table: str, key: str, waiter: str, timeout_s: float) -> None:
+        """``waiter`` gives up its place; if it had the turn and the key is free, the next is woken."""
+        ...
+
+
 class Record(NamedTuple):
     """An idempotency record as stored (in a table of its own, never a lock table).
 

@@ -8,6 +8,7 @@ table ``T``:
 
 * ``fastlease:{E}:T:lease``, the lease hash, as on one server;
 * ``fastlease:{E}:T:fence``, the fencing counter;
+* ``fastlease:{E}:T:line`` and ``fastlease:{E}:T:alive``, the key's line of waiters, as on one server;
 * ``fastlease:{E}:T:record``, the idempotency record (``T`` is then the record table): the tag holds
   only the key, not the table, so that an idempotent call's lease and record share a slot and one
   script completes it;
@@ -101,6 +102,16 @@ class ClusterLayout:
     def fence(table: str, key: str) -> bytes:
         """The cluster key of ``key``'s fencing counter in table ``table``."""
         return _cluster_name(table, key, "fence")
+
+    @staticmethod
+    def line(table: str, key: str) -> bytes:
+        """The cluster key of ``key``'s line of waiters in table ``table``."""
+        return _cluster_name(table, key, "line")
+
+    @staticmethod
+    def alive(table: str, key: str) -> bytes:
+        """The cluster key of the liveness deadlines of ``key``'s waiters in table ``table``."""
+        return _cluster_name(table, key, "alive")
 
     @staticmethod
     def record(table: str, key: str) -> bytes:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ...exceptions import StoreError
 from .._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
@@ -61,10 +61,13 @@ class RedisClusterReleaseFeed(ListenerFeed):
         self.listener_errors = (redis.exceptions.RedisError, OSError, StoreError)
         self.unsupported = False  # the server has no sharded pub/sub: nothing is subscribed, waiters poll
 
-    def watch(self, table: str, key: str, wake: Callable[[], None]) -> Watch:
+    def watch(self, table: str, key: str, wake: Callable[[], None], waiter: Optional[str] = None,
+              turn: Optional[Callable[[], None]] = None) -> Watch:
         """Call ``wake()`` (on the listener thread; it must be quick and never raise) whenever the key
-        is released, until ``unwatch``. Never raises and never waits."""
-        return self._watch(self._store.layout.channel(table, key), wake)
+        is released, until ``unwatch``; with ``waiter`` (its id in the key's line), a release that hands
+        the turn to it calls ``turn()`` instead, and one that hands it to another waiter nothing. Never
+        raises and never waits."""
+        return self._watch(self._store.layout.channel(table, key), wake, waiter, turn)
 
     def subscribed(self, table: str, key: str) -> bool:
         """True once the slot's node has confirmed our subscription to ``key``'s releases."""
@@ -164,13 +167,13 @@ class RedisClusterReleaseFeed(ListenerFeed):
                 self._drop_node(links, node)
 
     def _dispatch(self, node: Any, reply: Any) -> None:
-        kind, name = pubsub_event(reply)
+        kind, name, payload = pubsub_event(reply)
         with self._lock:
             channel = self._channels.get(name)
             if channel is None:
                 return
             if kind == "smessage":
-                wakes = list(channel.watchers.values())
+                wakes = self.wakes_for(channel, payload)
             elif kind == "sunsubscribe" and channel.outstanding == 0:
                 # Not ours: the node gave the slot away. Subscribe again where the new map puts it.
                 channel.ready.clear()

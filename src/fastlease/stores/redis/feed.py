@@ -10,7 +10,7 @@ from .scripts import release_channel
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any, Callable, Optional
 
     from .store import RedisStore
 
@@ -42,10 +42,13 @@ class RedisReleaseFeed(ListenerFeed):
         redis = store._redis
         self.listener_errors = (redis.exceptions.RedisError, OSError)
 
-    def watch(self, table: str, key: str, wake: Callable[[], None]) -> Watch:
+    def watch(self, table: str, key: str, wake: Callable[[], None], waiter: Optional[str] = None,
+              turn: Optional[Callable[[], None]] = None) -> Watch:
         """Call ``wake()`` (on the listener thread; it must be quick and never raise) whenever the
-        key is released, until ``unwatch``. Never raises and never waits."""
-        return self._watch(release_channel(table, key), wake)
+        key is released, until ``unwatch``; with ``waiter`` (its id in the key's line), a release that
+        hands the turn to it calls ``turn()`` instead, and one that hands it to another waiter nothing.
+        Never raises and never waits."""
+        return self._watch(release_channel(table, key), wake, waiter, turn)
 
     def subscribed(self, table: str, key: str) -> bool:
         """True once the server has confirmed our subscription to ``key``'s releases."""
@@ -101,13 +104,13 @@ class RedisReleaseFeed(ListenerFeed):
             connection.send_command(b"UNSUBSCRIBE", *unsubscribe, check_health=False)
 
     def _dispatch(self, reply: Any) -> None:
-        kind, name = pubsub_event(reply)
+        kind, name, payload = pubsub_event(reply)
         with self._lock:
             channel = self._channels.get(name)
             if channel is None:
                 return
             if kind == "message":
-                wakes = list(channel.watchers.values())
+                wakes = self.wakes_for(channel, payload)
             else:  # "subscribe" / "unsubscribe": the server confirms one of our commands
                 channel.outstanding = max(0, channel.outstanding - 1)
                 if channel.outstanding == 0 and channel.subscribed:

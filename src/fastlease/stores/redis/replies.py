@@ -132,11 +132,12 @@ def deletion(reply: object, key: str) -> int:
 
 
 
-def pubsub_event(reply: Any) -> tuple[str, bytes]:
-    """(kind, channel) of a pub/sub reply (``message``, ``subscribe``, ...; ``smessage``, ``ssubscribe``, ...
-    on a cluster), or ("", b"") for anything else, which matches no channel."""
+def pubsub_event(reply: Any) -> tuple[str, bytes, Any]:
+    """(kind, channel, payload) of a pub/sub reply (``message``, ``subscribe``, ...; ``smessage``,
+    ``ssubscribe``, ... on a cluster), or ("", b"", None) for anything else, which matches no channel. A
+    message's payload is the waiter it names, or b"1"."""
     if not isinstance(reply, list) or len(reply) != 3:
-        return "", b""
+        return "", b"", None
     name = reply[1]
-    return as_text(reply[0]), name.encode("utf-8") if isinstance(name, str) else name
+    return as_text(reply[0]), name.encode("utf-8") if isinstance(name, str) else name, reply[2]
 

@@ -13,7 +13,14 @@ collide whatever ``K`` holds):
 * ``fastlease:T:fence:K``, a counter that never expires: every acquisition and takeover INCRs it in
   the same script and stores the result in the hash, so fencing tokens strictly increase per key,
   across release, takeover and expiry. (It survives a server restart only with persistence on.)
-* ``fastlease:T:released:K``, the pub/sub channel that release publishes on (see ``RedisReleaseFeed``).
+* ``fastlease:T:line:K`` and ``fastlease:T:alive:K``, the key's line of waiters: a sorted set of waiter
+  ids by arrival (the server's clock, in µs), and a hash of each one's liveness deadline (the server's
+  clock, in ms), which every read of the waiter pushes ``ALIVE_MS`` ahead. The first waiter whose
+  deadline has not passed has the turn: an acquisition by anyone else is refused while the key is free,
+  and a release wakes that waiter alone. A dead or departed waiter is dropped when its deadline passes.
+  Both keys expire ``2 * ALIVE_MS`` after the last read of any waiter, so an abandoned line vanishes.
+* ``fastlease:T:released:K``, the pub/sub channel that release publishes on (see ``RedisReleaseFeed``):
+  the id of the waiter whose turn it is, or ``1`` (anyone may look) when nobody waits in line.
 """
 
 from __future__ import annotations
@@ -24,17 +31,49 @@ _sha1 = constructor("sha1")  # EVALSHA's name of a script, without loading OpenS
 
 PREFIX = "fastlease"
 
+#: How long a waiter keeps its place in a key's line after its last read (the server's clock). A waiter
+#: in line reads at least every 0.56 s (the engine's POLL_IN_LINE_MS, jittered), so only a dead, stopped
+#: or departed one loses it; its place is then skipped this long after its last read at most.
+ALIVE_MS = 1500
+
 # ---------------------------------------------------------------------------------------------
 # The scripts. Each one is the whole of one protocol step, atomic on the server. They check
 # everything before their first write (a script that fails halfway is not rolled back), and
 # compare owner and version as exact byte strings.
 # ---------------------------------------------------------------------------------------------
 
-#: Acquire. KEYS: lease, fence. ARGV: owner, version, lease_ms.
-#: Creates the lease only if the key is absent (held or merely not yet expired: untouched) and
-#: returns the new fencing token, or 0.
-ACQUIRE = """
+#: The head of a key's line (KEYS: line, alive): the first waiter whose liveness deadline has not
+#: passed, or nil. Waiters found dead on the way are dropped. Prepended to the scripts that use it.
+NEXT_IN_LINE = """
+local function next_in_line(line, alive)
+  local now
+  for _ = 1, redis.call('ZCARD', line) do
+    local head = redis.call('ZRANGE', line, 0, 0)[1]
+    if not now then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    local alive_until = tonumber(redis.call('HGET', alive, head))
+    if alive_until and alive_until > now then return head end
+    redis.call('ZREM', line, head)
+    redis.call('HDEL', alive, head)
+  end
+  return nil
+end
+"""
+
+#: Acquire. KEYS: lease, fence, line, alive. ARGV: owner, version, lease_ms, waiter ('' for none).
+#: Creates the lease only if the key is absent (held or merely not yet expired: untouched) and it is
+#: the caller's turn: nobody waits in line, or the caller (``waiter``) is the head of the line, which it
+#: then leaves. Returns the new fencing token, or 0.
+ACQUIRE = NEXT_IN_LINE + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local first = next_in_line(KEYS[3], KEYS[4])
+if first and first ~= ARGV[4] then return 0 end
+if ARGV[4] ~= '' then
+  redis.call('ZREM', KEYS[3], ARGV[4])
+  redis.call('HDEL', KEYS[4], ARGV[4])
+end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'version', ARGV[2], 'lease_ms', ARGV[3],
            'protocol', '1', 'fence', fence)
@@ -80,22 +119,25 @@ redis.call('HSET', KEYS[1], 'waiting', '1')
 return 1
 """
 
-#: Release. KEYS: lease. ARGV: owner, channel.
+#: Release. KEYS: lease, and line, alive (left out on a slot being migrated). ARGV: owner, channel.
 #: Deletes the lease only if ``owner`` holds it (whatever its version) and then publishes a wake-up
-#: on the channel. Returns the store's answer itself: 0 (NOT_DELETED) if absent or held by another,
-#: else 1 (DELETED), or 2 (DELETED_WITH_WAITERS) if the deleted lease carried the waiting mark.
-RELEASE = """
+#: on the channel: the id of the waiter whose turn it is, or '1' when nobody waits in line (or the
+#: line is left out: each waiter's read then tells it whether the turn is its own). Returns the
+#: store's answer itself: 0 (NOT_DELETED) if absent or held by another, else 1 (DELETED), or 2
+#: (DELETED_WITH_WAITERS) if the deleted lease carried the waiting mark.
+RELEASE = NEXT_IN_LINE + """
 local seen = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
 if seen[1] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], '1')
+redis.call('PUBLISH', ARGV[2], (KEYS[2] and next_in_line(KEYS[2], KEYS[3])) or '1')
 if seen[2] == '1' then return 2 end
 return 1
 """
 
-#: Finish an idempotent call. KEYS: lease, record, fence. ARGV: owner, state, fingerprint, result,
-#: expires_at_ms, px (0: no expiry), channel. Only while ``owner`` holds the lease: replaces the
-#: record, deletes the lease and the key's fencing counter, and publishes the release; returns 1, or 0.
+#: Finish an idempotent call. KEYS: lease, record, fence, line, alive. ARGV: owner, state, fingerprint,
+#: result, expires_at_ms, px (0: no expiry), channel. Only while ``owner`` holds the lease: replaces the
+#: record, deletes the lease, the key's fencing counter and its line, and publishes the release to every
+#: waiter ('1'): each of them now finds the record, so none needs a turn; returns 1, or 0.
 #: The counter goes too because idempotency keys are mostly used once and nothing reads an idempotent
 #: call's token: kept, every key ever used would leave a counter that never expires.
 FINISH = """
@@ -104,7 +146,7 @@ redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], 'state', ARGV[2], 'fingerprint', ARGV[3], 'result', ARGV[4],
            'expires_at_ms', ARGV[5], 'owner', ARGV[1])
 if ARGV[6] ~= '0' then redis.call('PEXPIRE', KEYS[2], ARGV[6]) end
-redis.call('DEL', KEYS[1], KEYS[3])
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
 redis.call('PUBLISH', ARGV[7], '1')
 return 1
 """
@@ -116,8 +158,38 @@ OBSERVE = """
 return {redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
 """
 
+#: Observe, in line. KEYS: lease, line, alive. ARGV: waiter, alive_ms. As OBSERVE, and the waiter
+#: joins the key's line (at its end, if not in it) and keeps its place for ``alive_ms`` more; a third
+#: element is 1 if the key is free and the turn is the waiter's, else 0.
+OBSERVE_IN_LINE = NEXT_IN_LINE + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[2], 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], now + tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
+local fields = redis.call('HGETALL', KEYS[1])
+local turn = 0
+if #fields == 0 and next_in_line(KEYS[2], KEYS[3]) == ARGV[1] then turn = 1 end
+return {fields, redis.call('PTTL', KEYS[1]), turn}
+"""
+
+#: Leave the line. KEYS: lease, line, alive. ARGV: waiter, channel. The waiter gives up its place; if
+#: it had the turn and the key is free, the next waiter in line is woken. Returns 1.
+LEAVE_LINE = NEXT_IN_LINE + """
+local first = next_in_line(KEYS[2], KEYS[3])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+if first == ARGV[1] and redis.call('EXISTS', KEYS[1]) == 0 then
+  local head = next_in_line(KEYS[2], KEYS[3])
+  if head then redis.call('PUBLISH', ARGV[2], head) end
+end
+return 1
+"""
+
 SCRIPTS = {"ACQUIRE": ACQUIRE, "TAKE_OVER": TAKE_OVER, "RENEW": RENEW, "MARK_WAITING": MARK_WAITING,
-           "RELEASE": RELEASE, "FINISH": FINISH, "OBSERVE": OBSERVE}
+           "RELEASE": RELEASE, "FINISH": FINISH, "OBSERVE": OBSERVE, "OBSERVE_IN_LINE": OBSERVE_IN_LINE,
+           "LEAVE_LINE": LEAVE_LINE}
 
 
 class Script:
@@ -132,17 +204,18 @@ class Script:
 
 
 class ScriptSet:
-    """The seven scripts as one store sends them. ``publish`` replaces the call that RELEASE and FINISH
-    wake waiters with (``redis.call('PUBLISH',``); the cluster store's publishes on a shard channel of the
+    """The nine scripts as one store sends them. ``publish`` replaces the call that RELEASE, FINISH and
+    LEAVE_LINE wake waiters with (``redis.call('PUBLISH',``); the cluster store's publishes on a shard channel of the
     script's own slot. Nothing else differs."""
 
-    __slots__ = ("acquire", "take_over", "renew", "mark_waiting", "release", "finish", "observe", "all")
+    __slots__ = ("acquire", "take_over", "renew", "mark_waiting", "release", "finish", "observe", "observe_in_line",
+                 "leave_line", "all")
 
     def __init__(self, publish: str = "redis.call('PUBLISH',") -> None:
         sources = {name: source.replace("redis.call('PUBLISH',", publish) for name, source in SCRIPTS.items()}
         self.all = tuple(Script(name, source) for name, source in sources.items())
         (self.acquire, self.take_over, self.renew, self.mark_waiting, self.release, self.finish,
-         self.observe) = self.all
+         self.observe, self.observe_in_line, self.leave_line) = self.all
 
 
 NODE_SCRIPTS = ScriptSet()
@@ -164,6 +237,16 @@ def fence_key(table: str, key: str) -> bytes:
     return f"{PREFIX}:{table}:fence:".encode() + key.encode("utf-8")
 
 
+def line_key(table: str, key: str) -> bytes:
+    """The Redis key of the line of waiters for ``key`` in lock table ``table`` (a sorted set)."""
+    return f"{PREFIX}:{table}:line:".encode() + key.encode("utf-8")
+
+
+def alive_key(table: str, key: str) -> bytes:
+    """The Redis key of the liveness deadlines of ``key``'s waiters in lock table ``table`` (a hash)."""
+    return f"{PREFIX}:{table}:alive:".encode() + key.encode("utf-8")
+
+
 def record_key(table: str, key: str) -> bytes:
     """The Redis key of the idempotency record of ``key`` in record table ``table``."""
     return f"{PREFIX}:{table}:record:".encode() + key.encode("utf-8")
@@ -180,6 +263,8 @@ class NodeLayout:
 
     lease = staticmethod(lease_key)
     fence = staticmethod(fence_key)
+    line = staticmethod(line_key)
+    alive = staticmethod(alive_key)
     record = staticmethod(record_key)
     channel = staticmethod(release_channel)
 

@@ -39,7 +39,7 @@ from .replies import (
     reply_code,
     stored_integer,
 )
-from .scripts import NODE_SCRIPTS, PREFIX, SCRIPT_NAMES, NodeLayout, Script, lease_key
+from .scripts import ALIVE_MS, NODE_SCRIPTS, PREFIX, SCRIPT_NAMES, NodeLayout, Script, lease_key
 from .wire import pack_command as _pack
 
 # typing is not imported at run time: the renewal process imports this module, and it would cost it
@@ -58,10 +58,18 @@ __all__ = ["RedisStore", "RedisReleaseFeed", "PREFIX"]
 #: own timeout (``timeout_s``) is applied to waiting for its reply.
 MAX_SOCKET_TIMEOUT_S = 5.0
 
+#: How many keys' Redis names a store keeps built (``RedisStore.names``); past that it starts again.
+NAMES_KEPT = 1024
+
 #: Connection settings the store sets itself on every connection (see ``RedisStore.new_connection``),
 #: or redis-py's own defaults objects: not given to the renewal process, which makes its own.
 _RENEWAL_RESET_SETTINGS = frozenset({"retry", "retry_on_error", "retry_on_timeout", "decode_responses",
                                      "himport_registry", "driver_info"})
+
+
+class _TryAgain(StoreError):
+    """TRYAGAIN: a slot being migrated refused a script that names a key it does not have (say, a line of
+    waiters, absent most of the time). Nothing ran; the steps that touch a line try without it."""
 
 
 class ConnectionSettings:
@@ -103,6 +111,7 @@ class RedisStore:
         self._connections: "weakref.WeakSet[Any]" = weakref.WeakSet()  # every one made, for close()
         self._connections_lock = threading.Lock()
         self._closed = False
+        self._names: dict[tuple[str, str], tuple[bytes, bytes, bytes, bytes, bytes]] = {}
         #: What a request raises on NOSCRIPT (the script did not run): see run_script.
         self.no_script: Any = self._redis.exceptions.NoScriptError
         # Waiters are woken by it; the renewal process, whose store has our own connection, never waits.
@@ -252,6 +261,8 @@ class RedisStore:
             return MalformedLockRow(f"Redis key of {key!r} holds something that is not a lease: {text}", key=key)
         if code in CLUSTER_REPLIES:
             return StoreRequestRejected(cluster_node_message(self.describe(), text), key=key)
+        if code == "TRYAGAIN":
+            return _TryAgain(f"Redis could not run the request on {key!r} now: {text}", key=key)
         if code in TRANSIENT_REPLIES:
             return StoreError(f"Redis could not run the request on {key!r} now: {text}", key=key)
         return StoreRequestRejected(f"Redis refused the request on {key!r} ({self.describe()}): {text}", key=key)
@@ -279,14 +290,36 @@ class RedisStore:
         """SCRIPT LOAD where the NOSCRIPT reply ``missing`` came from (here: the server); its reply, the SHA1."""
         return self.call(key, timeout_s, b"SCRIPT", b"LOAD", script.source)
 
+    def names(self, table: str, key: str) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+        """The Redis names of ``key`` in lock table ``table``: (lease, fence, line, alive, channel), built
+        once per key: a request that names its line would otherwise spend a tenth of its client CPU on them."""
+        names = self._names.get((table, key))
+        if names is None:
+            layout = self.layout
+            names = (layout.lease(table, key), layout.fence(table, key), layout.line(table, key),
+                     layout.alive(table, key), layout.channel(table, key))
+            if len(self._names) >= NAMES_KEPT:
+                self._names.clear()
+            self._names[(table, key)] = names
+        return names
+
     # ---- the LockStore operations --------------------------------------------------------------
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
     ) -> Optional[int]:
-        """The ACQUIRE script: create the lease (PX ``lease_ms``) if the key is absent. The new fencing
-        token from the key's counter, else None."""
-        keys = (self.layout.lease(table, key), self.layout.fence(table, key))
-        reply = self.run_script(self.scripts.acquire, key, timeout_s, keys, (owner, version, lease_ms))
+        """The ACQUIRE script: create the lease (PX ``lease_ms``) if the key is absent and nobody waits
+        in line for it. The new fencing token from the key's counter, else None."""
+        return self.put_in_turn(table, key, owner, version, lease_ms, "", timeout_s, usage)
+
+    def put_in_turn(
+        self, table: str, key: str, owner: str, version: str, lease_ms: int, waiter: str, timeout_s: float,
+        usage: UsageMeter,
+    ) -> Optional[int]:
+        """The ACQUIRE script for ``waiter`` (a place in the key's line, or "" for none): create the lease
+        if the key is absent and it is the waiter's turn (nobody in line, or ``waiter`` first among the
+        live), leaving the line in the same step. The new fencing token, else None."""
+        keys = self.names(table, key)[:4]
+        reply = self.run_script(self.scripts.acquire, key, timeout_s, keys, (owner, version, lease_ms, waiter))
         return fencing_token(reply, key)
 
     def replace_if(
@@ -303,7 +336,7 @@ class RedisStore:
     ) -> Optional[int]:
         """The TAKE_OVER script: replace the whole lease only if it holds exactly (expected_owner,
         expected_version). The new fencing token, else None."""
-        keys = (self.layout.lease(table, key), self.layout.fence(table, key))
+        keys = self.names(table, key)[:2]
         args = (expected_owner, expected_version, owner, version, lease_ms)
         return fencing_token(self.run_script(self.scripts.take_over, key, timeout_s, keys, args), key)
 
@@ -311,7 +344,7 @@ class RedisStore:
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
         """The RENEW script: a new version and a fresh PX, only on exactly (owner, version); True if it ran."""
-        lease = (self.layout.lease(table, key),)
+        lease = self.names(table, key)[:1]
         return self.run_script(self.scripts.renew, key, timeout_s, lease, (owner, version, new_version)) == 1
 
     def mark_waiting(
@@ -319,16 +352,22 @@ class RedisStore:
     ) -> bool:
         """The MARK_WAITING script: set the hint once per hold, only on exactly (owner, version); True if it
         did. The PX is left alone."""
-        lease = (self.layout.lease(table, key),)
+        lease = self.names(table, key)[:1]
         return self.run_script(self.scripts.mark_waiting, key, timeout_s, lease, (owner, version)) == 1
 
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
     ) -> int:
-        """The RELEASE script: delete the lease only if ``owner`` holds it, and publish the release. Its
-        reply is the store's answer: ``NOT_DELETED``, ``DELETED`` or ``DELETED_WITH_WAITERS``."""
-        reply = self.run_script(self.scripts.release, key, timeout_s, (self.layout.lease(table, key),),
-                                (owner, self.layout.channel(table, key)))
+        """The RELEASE script: delete the lease only if ``owner`` holds it, and publish the release (to the
+        next waiter in line, or to all). Its reply is the store's answer: ``NOT_DELETED``, ``DELETED`` or
+        ``DELETED_WITH_WAITERS``. On a slot being migrated (TRYAGAIN: nothing ran), the script again on the
+        lease key alone, which wakes every waiter."""
+        lease, _, line, alive, channel = self.names(table, key)
+        keys, args = (lease, line, alive), (owner, channel)
+        try:
+            reply = self.run_script(self.scripts.release, key, timeout_s, keys, args)
+        except _TryAgain:  # a migrating slot: release without the line, waking every waiter ("1")
+            reply = self.run_script(self.scripts.release, key, timeout_s, keys[:1], args)
         return deletion(reply, key)
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
@@ -336,13 +375,40 @@ class RedisStore:
         ``check_row`` to judge; an owner or version that is not UTF-8 raises MalformedLockRow. The lease's
         PTTL goes to the release feed, which wakes this client's waiters on the key when it expires: a
         crashed holder is taken over at its lease's end, not at the next poll."""
-        reply = self.run_script(self.scripts.observe, key, timeout_s, (self.layout.lease(table, key),), ())
+        reply = self.run_script(self.scripts.observe, key, timeout_s, self.names(table, key)[:1], ())
+        return self._observed(table, key, reply)
+
+    def read_in_line(
+        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter
+    ) -> tuple[Optional[LockRow], bool]:
+        """The OBSERVE_IN_LINE script: as ``read``, and ``waiter`` joins the key's line (at its end, if not
+        in it) and keeps its place for ``ALIVE_MS`` more. The row, and whether the key is free and the
+        turn is ``waiter``'s. On a slot being migrated, whose node refuses a script that names a missing
+        key with TRYAGAIN, a plain read (the line is then not kept)."""
+        lease, _, line, alive, _ = self.names(table, key)
+        keys = (lease, line, alive)
+        try:
+            reply = self.run_script(self.scripts.observe_in_line, key, timeout_s, keys, (waiter, ALIVE_MS))
+        except _TryAgain:  # a migrating slot: a plain read, the turn not known
+            return self.read(table, key, timeout_s, usage), False
+        if not isinstance(reply, list) or len(reply) != 3:
+            raise MalformedLockRow(f"Redis OBSERVE_IN_LINE of {key!r} gave {reply!r:.100}, not [fields, pttl, turn]",
+                                   key=key)
+        return self._observed(table, key, reply[:2]), reply[2] == 1
+
+    def leave_line(self, table: str, key: str, waiter: str, timeout_s: float) -> None:
+        """The LEAVE_LINE script: ``waiter`` gives up its place; if it had the turn and the key is free,
+        the next waiter in line is woken."""
+        lease, _, line, alive, channel = self.names(table, key)
+        self.run_script(self.scripts.leave_line, key, timeout_s, (lease, line, alive), (waiter, channel))
+
+    def _observed(self, table: str, key: str, reply: Any) -> Optional[LockRow]:
         if not isinstance(reply, list) or len(reply) != 2:
             raise MalformedLockRow(f"Redis OBSERVE of {key!r} gave {reply!r:.100}, not [fields, pttl]", key=key)
         row = lock_row(reply[0], key)
         ttl_ms = reply[1]
         if row is not None and type(ttl_ms) is int and ttl_ms > 0 and self.release_feed is not None:
-            self.release_feed.wake_at_expiry(self.layout.channel(table, key), ttl_ms / 1000)
+            self.release_feed.wake_at_expiry(self.names(table, key)[4], ttl_ms / 1000)
         return row
 
     # ---- idempotency records ------------------------------------------------------------------
@@ -367,13 +433,14 @@ class RedisStore:
     ) -> bool:
         """The FINISH script: only while ``record.owner`` holds the lease on ``key`` in ``lock_table``,
         replace the record (its PX, the time left until ``expires_at_ms`` at the caller's ``now_ms``, runs
-        on the server's clock), delete the lease and its fencing counter, and publish the release. False
+        on the server's clock), delete the lease, its fencing counter and its line, and publish the release. False
         if that owner does not hold it."""
         px = 0
         if record.expires_at_ms:
             px = max(1, record.expires_at_ms - now_ms)  # native expiry: the time left, not a clock reading
         layout = self.layout
-        keys = (layout.lease(lock_table, key), layout.record(table, key), layout.fence(lock_table, key))
+        keys = (layout.lease(lock_table, key), layout.record(table, key), layout.fence(lock_table, key),
+                layout.line(lock_table, key), layout.alive(lock_table, key))
         args = (record.owner, record.state, record.fingerprint, record.result, record.expires_at_ms, px,
                 layout.channel(lock_table, key))
         return self.run_script(self.scripts.finish, key, timeout_s, keys, args) == 1

@@ -1,0 +1,218 @@
+"""The line of waiters on Redis and Redis Cluster (docs/protocol.md, "Waiting, polling and handoff"):
+a waiter's read keeps its place, the store admits only the first live waiter to a free key, a release
+wakes that waiter alone and in arrival order, a dead waiter's place is skipped once its deadline passes,
+and a wait that ends gives its place up. Every test runs on one server and on the session's cluster."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from fastlease import SyncDistributedLock
+from fastlease.exceptions import LockNotAcquired
+from fastlease.redis import RedisClient
+from fastlease.stores._release_feed import ListenerFeed, WatchedChannel
+from fastlease.stores.base import Record
+from fastlease.stores.redis.cluster import ClusterLayout
+from fastlease.stores.redis.scripts import ALIVE_MS, NodeLayout
+from fastlease.testing import NO_USAGE
+from helpers.lock_waiter import Waiter
+from helpers.waiting import wait_until
+
+pytestmark = pytest.mark.server
+
+T = 2.0  # timeout of a direct store request
+BOUND_S = 10.0  # bound for every wait on another thread's state
+#: The longest sleep of a waiter in line between its reads (POLL_IN_LINE_MS, jittered up to 150%).
+LONGEST_POLL_S = 0.5625
+
+
+class Where:
+    """One deployment: how to make a client and where its keys of ``key`` live."""
+
+    def __init__(self, url: str, layout: Any) -> None:
+        self.url, self.layout = url, layout
+        self.made: list[RedisClient] = []
+
+    def client(self, **kwargs: Any) -> RedisClient:
+        client = RedisClient(self.url, **kwargs)
+        self.made.append(client)
+        return client
+
+    def raw(self, client: RedisClient, key: str, *command: Any) -> Any:
+        """One command on the node that serves ``key`` (the store routes it by the key's slot)."""
+        return client.store.call(key, T, *command)
+
+    def line(self, client: RedisClient, key: str) -> list[bytes]:
+        return self.raw(client, key, b"ZRANGE", self.layout.line("locks", key), 0, -1)
+
+    def server_ms(self, client: RedisClient, key: str) -> int:
+        seconds, micros = self.raw(client, key, b"TIME")
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def add_waiter(self, client: RedisClient, key: str, waiter: str, alive_for_ms: int, score: int = 0) -> None:
+        """Put ``waiter`` in ``key``'s line as a waiter that read last and then stopped: first (score 0),
+        alive ``alive_for_ms`` more (negative: already dead)."""
+        self.raw(client, key, b"ZADD", self.layout.line("locks", key), score, waiter)
+        self.raw(client, key, b"HSET", self.layout.alive("locks", key), waiter,
+                 self.server_ms(client, key) + alive_for_ms)
+
+
+@pytest.fixture(params=["node", "cluster"])
+def where(request: pytest.FixtureRequest) -> Iterator[Where]:
+    if request.param == "node":
+        request.getfixturevalue("redis_db")  # emptied
+        place = Where(request.getfixturevalue("redis_url"), NodeLayout)
+    else:
+        request.getfixturevalue("redis_cluster_db")  # emptied
+        place = Where(request.getfixturevalue("redis_cluster_url"), ClusterLayout)
+    yield place
+    for client in place.made:
+        client.close()
+
+
+def hold(client: RedisClient, key: str) -> SyncDistributedLock:
+    guard = SyncDistributedLock(client, table="locks", key=key, lease_duration=30)
+    guard.__enter__()
+    return guard
+
+
+# ---- the store's steps -------------------------------------------------------------------------------
+def test_a_read_in_line_keeps_a_place_and_says_whose_turn_it_is(where):
+    client = where.client()
+    store = client.store
+    assert store.read_in_line("locks", "k", "w-a", T, NO_USAGE) == (None, True)  # free, and first
+    assert store.read_in_line("locks", "k", "w-b", T, NO_USAGE) == (None, False)  # free, but a's turn
+    assert store.read_in_line("locks", "k", "w-a", T, NO_USAGE) == (None, True)  # a keeps its place
+    assert where.line(client, "k") == [b"w-a", b"w-b"]
+    deadline = int(where.raw(client, "k", b"HGET", where.layout.alive("locks", "k"), "w-b"))
+    assert 0 < deadline - where.server_ms(client, "k") <= ALIVE_MS
+    guard = hold(client, "k")
+    try:
+        row, turn = store.read_in_line("locks", "k", "w-a", T, NO_USAGE)
+        assert row is not None and row.owner == guard.owner and turn is False  # held: nobody's turn
+    finally:
+        guard.__exit__(None, None, None)
+
+
+def test_only_the_first_live_waiter_may_take_a_free_key_and_it_leaves_the_line(where):
+    client = where.client()
+    store = client.store
+    where.add_waiter(client, "k", "ghost", alive_for_ms=60_000)
+    assert store.put_if_absent("locks", "k", "o1", "v1", 30_000, T, NO_USAGE) is None  # no place in line
+    assert store.put_in_turn("locks", "k", "o1", "v1", 30_000, "second", T, NO_USAGE) is None  # not first
+    assert store.read("locks", "k", T, NO_USAGE) is None
+    assert store.put_in_turn("locks", "k", "o1", "v1", 30_000, "ghost", T, NO_USAGE) == 1  # its turn
+    assert where.line(client, "k") == []
+    assert store.read("locks", "k", T, NO_USAGE).owner == "o1"
+
+
+def test_a_waiter_past_its_deadline_loses_its_place(where):
+    client = where.client()
+    where.add_waiter(client, "k", "dead", alive_for_ms=-1)
+    where.add_waiter(client, "k", "alive", alive_for_ms=60_000, score=1)
+    assert client.store.put_if_absent("locks", "k", "o1", "v1", 30_000, T, NO_USAGE) is None  # alive is first now
+    assert where.line(client, "k") == [b"alive"]  # the dead one dropped on the way
+    where.add_waiter(client, "k", "alive", alive_for_ms=-1)
+    assert client.store.put_if_absent("locks", "k", "o1", "v1", 30_000, T, NO_USAGE) == 1
+    assert where.line(client, "k") == []
+
+
+def test_an_idempotent_call_s_completion_deletes_the_line(where):
+    client = where.client()
+    guard = hold(client, "k")
+    client.store.read_in_line("locks", "k", "w-a", T, NO_USAGE)
+    completion = Record("COMPLETED", "f", b"r", 0, guard.owner)
+    assert client.store.finish_if_owner("locks", "k", "records", completion, 0, T) is True
+    assert where.line(client, "k") == []
+    assert where.raw(client, "k", b"EXISTS", where.layout.alive("locks", "k")) == 0
+
+
+def test_leaving_the_line_with_the_turn_hands_it_to_the_next_waiter(where):
+    client = where.client()
+    store, feed = client.store, client.store.release_feed
+    store.read_in_line("locks", "k", "w-a", T, NO_USAGE)
+    store.read_in_line("locks", "k", "w-b", T, NO_USAGE)
+    turns: list[str] = []
+    woken = threading.Event()
+    watch_a = feed.watch("locks", "k", woken.set, "w-a", lambda: turns.append("a"))
+    watch_b = feed.watch("locks", "k", woken.set, "w-b", lambda: (turns.append("b"), woken.set()))
+    try:
+        wait_until(lambda: feed.subscribed("locks", "k"), BOUND_S, "the subscription")
+        store.leave_line("locks", "k", "w-a", T)
+        assert woken.wait(BOUND_S)
+        assert turns == ["b"] and where.line(client, "k") == [b"w-b"]
+    finally:
+        feed.unwatch(watch_a)
+        feed.unwatch(watch_b)
+
+
+def test_a_message_wakes_the_waiter_it_names_and_one_without_a_name_wakes_all():
+    feed, channel = ListenerFeed(), WatchedChannel()
+    channel.watchers = {1: "wake-1", 2: "wake-2"}
+    channel.turns = {b"w-1": "turn-1"}
+    assert feed.wakes_for(channel, b"w-1") == ["turn-1"]
+    assert feed.wakes_for(channel, b"w-elsewhere") == []  # another process's waiter: nobody here
+    assert feed.wakes_for(channel, b"1") == ["wake-1", "wake-2"]
+
+
+# ---- leases that wait --------------------------------------------------------------------------------
+def test_releases_hand_the_key_to_waiters_in_the_order_they_came_each_woken_once(where):
+    holder = where.client()
+    guard = hold(holder, "k")
+    waiters, clients = [], []
+    try:
+        for n in range(3):
+            client = where.client()
+            clients.append(client)
+            waiters.append(Waiter(client, "k", wait_s=BOUND_S, lease_s=5))
+            wait_until(lambda n=n: len(where.line(holder, "k")) == n + 1, BOUND_S, f"waiter {n} in line")
+            feed = client.store.release_feed
+            wait_until(lambda feed=feed: feed.subscribed("locks", "k"), BOUND_S, "its subscription")
+    finally:
+        guard.__exit__(None, None, None)
+    for waiter in waiters:
+        waiter.join()
+    order = sorted(range(3), key=lambda n: waiters[n].acquired_at)
+    assert order == [0, 1, 2]
+    # Each release woke one waiter: the one whose turn it was (every release wakes all without a line).
+    assert [client.store.release_feed.delivered for client in clients] == [1, 1, 1]
+    assert where.line(holder, "k") == []
+
+
+def test_a_dead_waiter_first_in_line_is_skipped_once_its_deadline_passes(where):
+    holder, client = where.client(), where.client()
+    guard = hold(holder, "k")
+    alive_for_ms = 500
+    where.add_waiter(holder, "k", "dead", alive_for_ms=alive_for_ms)  # read last just now, then died
+    dead_until = time.monotonic() + alive_for_ms / 1000
+    waiter = Waiter(client, "k", wait_s=BOUND_S, lease_s=5)
+    wait_until(lambda: len(where.line(holder, "k")) == 2, BOUND_S, "the waiter behind the dead one")
+    guard.__exit__(None, None, None)  # the turn goes to the dead waiter: nobody is woken
+    waiter.join()
+    # Not before the dead waiter's place lapsed (the line is kept), and within a poll after it.
+    assert dead_until - 0.05 <= waiter.acquired_at <= dead_until + LONGEST_POLL_S + 1.0
+    assert where.line(holder, "k") == []
+
+
+def test_a_wait_that_runs_out_gives_its_place_up(where):
+    holder, client = where.client(), where.client()
+    guard = hold(holder, "k")
+    try:
+        with pytest.raises(LockNotAcquired):
+            SyncDistributedLock(client, table="locks", key="k", lease_duration=5, wait_timeout=0.3).__enter__()
+        assert where.line(holder, "k") == []
+    finally:
+        guard.__exit__(None, None, None)
+
+
+def test_a_client_without_wake_ups_keeps_no_place_and_waits_for_the_line(where):
+    """``wake_on_release=False`` joins no line: while a live waiter is first, it cannot take the free key."""
+    holder, polling = where.client(), where.client(wake_on_release=False)
+    where.add_waiter(holder, "k", "first", alive_for_ms=60_000)
+    with pytest.raises(LockNotAcquired):
+        SyncDistributedLock(polling, table="locks", key="k", lease_duration=5, wait_timeout=0.3).__enter__()
+    assert where.line(holder, "k") == [b"first"]
