@@ -216,3 +216,30 @@ def test_a_client_without_wake_ups_keeps_no_place_and_waits_for_the_line(where):
     with pytest.raises(LockNotAcquired):
         SyncDistributedLock(polling, table="locks", key="k", lease_duration=5, wait_timeout=0.3).__enter__()
     assert where.line(holder, "k") == [b"first"]
+
+
+def test_without_a_confirmed_subscription_a_waiter_in_line_polls_at_the_usual_interval(redis_url, redis_db):
+    """A feed that never confirms its watch (here an ACL that refuses SUBSCRIBE; a Redis Cluster without
+    sharded pub/sub alike) delivers no turn: the waiter keeps its place but polls every 62.5-187.5 ms, as
+    without a line, not at the line's 187.5-562.5 ms, so its turn is not left waiting for a slow poll."""
+    redis_db.execute_command("ACL", "SETUSER", "no-subscribe", "on", ">pw", "~*", "&*", "+@all", "-subscribe")
+    url = redis_url.replace("redis://", "redis://no-subscribe:pw@")
+    holder, client = RedisClient(redis_url), RedisClient(url)
+    try:
+        guard = hold(holder, "k")
+        lease = SyncDistributedLock(client, table="locks", key="k", lease_duration=5, wait_timeout=BOUND_S)
+        thread = threading.Thread(target=lease.__enter__, daemon=True)
+        thread.start()
+        wait_until(lambda: holder.store.call("k", T, b"ZCARD", NodeLayout.line("locks", "k")) == 1, BOUND_S,
+                   "the waiter's place in line")
+        time.sleep(2.0)  # the span whose polls are counted: not a synchronisation
+        guard.__exit__(None, None, None)
+        thread.join(BOUND_S)
+        assert lease.is_valid()
+        # 2 s of polls at most 187.5 ms apart: at least 10 reads (at the line's interval, 5 on average).
+        assert lease.metrics.read_requests >= 10, lease.metrics
+        assert not client.store.release_feed.subscribed("locks", "k")
+        lease.__exit__(None, None, None)
+    finally:
+        holder.close()
+        client.close()

@@ -21,8 +21,6 @@ from .timing import (
     DELEGATE_MIN_LEASE_MS,
     ERROR_BACKOFF_MS,
     NEVER_SET,
-    POLL_IN_LINE_MS,
-    POLL_INTERVAL_MS,
     WAITING_MARK_AFTER_MS,
     cleanup_budget_ns,
     jitter,
@@ -83,8 +81,7 @@ class Lease(WaitingLease):
                             self._observed = self._observer.acquired(self, self._wait_ns)
                         acquired = True
                         return
-                    poll_ms = POLL_INTERVAL_MS if self._waiter is None else POLL_IN_LINE_MS
-                    delay_ns = min(self._hint_ns, int(poll_ms * _NS_PER_MS * (0.5 + jitter())))
+                    delay_ns = min(self._hint_ns, int(self._poll_ms() * _NS_PER_MS * (0.5 + jitter())))
                     backoff_ns = ERROR_BACKOFF_MS * _NS_PER_MS
                     last_error = None
                     reached = True
@@ -161,7 +158,7 @@ class Lease(WaitingLease):
         self._hint_ns = 0
         if row is None:
             if self._waiter is not None and not self._turn:
-                self._hint_ns = POLL_IN_LINE_MS * _NS_PER_MS  # free, but another waiter's turn: ours will come
+                self._hint_ns = self._poll_ms() * _NS_PER_MS  # free, but another waiter's turn: ours will come
             return False
         check_row(row, self.key)
         self._row_seen = True

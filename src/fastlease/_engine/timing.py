@@ -49,9 +49,10 @@ OBSERVATION_CACHE_SIZE = 4096
 #: Contended waiters poll the store about this often (jittered 50%..150%), whatever their own lease:
 #: it bounds cross-process handoff, while same-process waiters are woken at once on release.
 POLL_INTERVAL_MS = 125
-#: A waiter with a place in the store's line of waiters for its key polls this often instead (jittered
-#: alike): the release that gives it the turn wakes it alone, and the poll only keeps its place (the
-#: store's bound, 1.5 s on Redis, is over twice the longest poll) and recovers a lost wake-up.
+#: A waiter with a place in the store's line of waiters for its key, whose watch the release feed has
+#: confirmed, polls this often instead (jittered alike): the release that gives it the turn wakes it
+#: alone, and the poll only keeps its place (the store's bound, 1.5 s on Redis, is over twice the
+#: longest poll) and recovers a lost wake-up.
 POLL_IN_LINE_MS = 3 * POLL_INTERVAL_MS
 #: After releasing a key that others are waiting for, a client gives them the next turn if it comes
 #: back for the same key within this window (see ReleaseSignals).

@@ -30,3 +30,5 @@ cdef class WaitingLease(HeldLease):
     cdef _leave_line(self)
     @cython.final
     cdef _end_wait(self, ReleaseSignals signals, bint acquired)
+    @cython.final
+    cdef int64_t _poll_ms(self) except -1

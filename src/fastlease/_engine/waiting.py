@@ -14,7 +14,7 @@ from ..exceptions import LockNotAcquired, StoreError
 from .engine import describe_store_error
 from .held import HeldLease
 from .timing import NS_PER_MS as _NS_PER_MS
-from .timing import POLL_INTERVAL_MS, jitter, request_timeout_ns, seconds_text
+from .timing import POLL_IN_LINE_MS, POLL_INTERVAL_MS, jitter, request_timeout_ns, seconds_text
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:  # annotations only
@@ -99,6 +99,15 @@ class WaitingLease(HeldLease):
         ticket = self._ticket
         if ticket is not None:
             ticket.set()
+
+    def _poll_ms(self) -> int:
+        """How often to look again while contended: less often in the store's line once the feed has
+        confirmed our watch (the release that gives us the turn then wakes us); else the usual poll (a
+        Redis Cluster without sharded pub/sub, say, delivers no wake-up, and the turn comes by polls)."""
+        watch = self._watch
+        if self._waiter is not None and watch is not None and watch.ready.is_set():
+            return POLL_IN_LINE_MS
+        return POLL_INTERVAL_MS
 
     def _end_wait(self, signals: ReleaseSignals, acquired: bool) -> None:
         """The acquisition is over, held or not: leave this client's queue, the store's line (without
