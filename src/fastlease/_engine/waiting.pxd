@@ -15,6 +15,7 @@ cdef extern from "source_crc.h":  # BUILT_FROM in waiting.py: the CRC-32 of the 
 
 
 cdef int64_t _NS_PER_MS
+cdef int64_t _LONGEST_POLL_NS
 
 
 # Not final: slots.SlotLease overrides _wait_turn and _wait_ran_out; every other C method is final.

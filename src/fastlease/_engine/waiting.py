@@ -26,6 +26,9 @@ BUILT_FROM = "" if __file__.endswith((".py", ".pyc")) else FASTLEASE_SOURCE_CRC.
 
 _log = get_logger("fastlease.engine")
 
+#: The longest sleep between polls outside a line (POLL_INTERVAL_MS, jittered up to 150%).
+_LONGEST_POLL_NS = POLL_INTERVAL_MS * 3 // 2 * _NS_PER_MS
+
 
 class WaitingLease(HeldLease):
     """A lease's waiting between attempts (``lease.Lease`` makes the attempts)."""
@@ -83,8 +86,9 @@ class WaitingLease(HeldLease):
                                                        self._wake_in_turn)
             if not watch.was_ready:
                 # A new subscription: a release between our last read and the server's confirmation
-                # would not reach us. Wait for the confirmation (briefly), then look again at once.
-                self._clock.wait(watch.ready, delay_ns / 1e9)
+                # would not reach us. Wait for the confirmation (briefly: no longer than a usual poll,
+                # since the delay of a waiter in line assumed it), then look again at once.
+                self._clock.wait(watch.ready, min(delay_ns, _LONGEST_POLL_NS) / 1e9)
                 if after_attempt:
                     return
         signals.wait(self._clock, self._signal_key, self._ticket, delay_ns / 1e9)
@@ -101,11 +105,12 @@ class WaitingLease(HeldLease):
             ticket.set()
 
     def _poll_ms(self) -> int:
-        """How often to look again while contended: less often in the store's line once the feed has
-        confirmed our watch (the release that gives us the turn then wakes us); else the usual poll (a
-        Redis Cluster without sharded pub/sub, say, delivers no wake-up, and the turn comes by polls)."""
+        """How often to look again while contended: less often in the store's line while the feed has
+        our watch confirmed, or is about to make it (the release that gives us the turn then wakes us);
+        else the usual poll (a Redis Cluster without sharded pub/sub, say, delivers no wake-up, and the
+        turn comes by polls). A watch yet to be made is waited on for a usual poll at most (_wait_turn)."""
         watch = self._watch
-        if self._waiter is not None and watch is not None and watch.ready.is_set():
+        if self._waiter is not None and self._feed is not None and (watch is None or watch.ready.is_set()):
             return POLL_IN_LINE_MS
         return POLL_INTERVAL_MS
 
