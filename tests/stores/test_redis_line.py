@@ -178,8 +178,10 @@ def test_releases_hand_the_key_to_waiters_in_the_order_they_came_each_woken_once
         waiter.join()
     order = sorted(range(3), key=lambda n: waiters[n].acquired_at)
     assert order == [0, 1, 2]
-    # Each release woke one waiter: the one whose turn it was (every release wakes all without a line).
-    assert [client.store.release_feed.delivered for client in clients] == [1, 1, 1]
+    # Each release woke one waiter: the one whose turn it was (without a line every release wakes all, and
+    # the last waiter would be woken three times). A waiter whose own poll found its turn first is not woken.
+    delivered = [client.store.release_feed.delivered for client in clients]
+    assert all(count <= 1 for count in delivered) and sum(delivered) >= 2, delivered
     assert where.line(holder, "k") == []
 
 
