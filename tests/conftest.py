@@ -35,7 +35,15 @@ PSYCOPG_MODULES = ["stores/test_postgres.py", "stores/test_postgres_feed.py", "s
 #: Test modules of the benchmarks, which import the scripts in ``bench/``. The wheel's suite is a copy of
 #: ``tests/`` without ``bench/`` (and their tests all need a server), so there they are not collected.
 BENCH_MODULES = ["test_bench_redis.py", "test_bench_postgres.py", "test_bench_renewal_memory.py"]
+#: Test modules of the Celery and Django integrations, which import those frameworks at the top: not collected
+#: where they are not installed (both test groups install them; a bare ``pip install pytest`` run does not).
+CELERY_MODULES = ["test_celery.py", "celery_app"]
+DJANGO_MODULES = ["test_django.py", "test_django_server.py", "django_project"]
 collect_ignore = PSYCOPG_MODULES if importlib.util.find_spec("psycopg") is None else []
+if importlib.util.find_spec("celery") is None:
+    collect_ignore += CELERY_MODULES
+if importlib.util.find_spec("django") is None or importlib.util.find_spec("rest_framework") is None:
+    collect_ignore += DJANGO_MODULES
 if not (Path(__file__).resolve().parent.parent / "bench").is_dir():
     collect_ignore = sorted(set(collect_ignore) | set(BENCH_MODULES))
 

@@ -3,7 +3,8 @@
 Lambda cold starts and every CLI call pay for the import. Each module below is loaded only when the
 feature that needs it is first used: the async guard (asyncio), a store client (sqlite3, ssl, boto3,
 redis), the decorator's signature binding (inspect), the interpreted engine (importlib.util), a log
-call (logging), or ``fastlease.otel`` (opentelemetry); typing is never needed at run time
+call (logging), or ``fastlease.otel`` (opentelemetry); Celery and Django only by their integrations,
+``fastlease.celery`` and ``fastlease.django``, which nothing imports for you; typing is never needed at run time
 (fastlease/_typing.py).
 """
 
@@ -18,7 +19,8 @@ import pytest
 
 DEFERRED = ("asyncio", "typing", "logging", "inspect", "sqlite3", "ssl", "subprocess", "socket",
             "importlib.util", "concurrent.futures", "boto3", "botocore", "redis", "uuid", "fastlease._engine_py",
-            "opentelemetry", "fastlease.otel")
+            "opentelemetry", "fastlease.otel", "celery", "kombu", "django", "rest_framework", "fastlease.celery",
+            "fastlease.django")
 
 
 def loaded_after(code: str, **env: str) -> list[str]:

@@ -59,21 +59,28 @@ class _CallSpec:
     def __init__(self, client: LeaseClient, table: str, lock_table: Optional[str], lease_duration: float,
                  wait: float, ttl: Optional[float], serializer: Serializer, retry_on: RetryOn) -> None:
         check_client(client)
-        core = client.engine_module
         self.client = client
         self.engine = client.engine  # its ``observer`` (fastlease.otel) is told each call's outcome
         self.store = client.store
         if not hasattr(self.store, "finish_if_owner"):
             raise TypeError(f"{type(client).__name__} has no idempotency records")
-        self.table = check_table(table)
-        self.lock_table = idempotency_lock_table(core, self.table, lock_table)
+        self.table, self.lock_table, self.lease, self.ttl_ms, self.serializer, self.retry_on = _CallSpec.checked(
+            client.engine_module, table, lock_table, lease_duration, wait, ttl, serializer, retry_on)
+
+    @staticmethod
+    def checked(core: Any, table: str, lock_table: Optional[str], lease_duration: float, wait: float,
+                ttl: Optional[float], serializer: Serializer, retry_on: RetryOn
+                ) -> tuple[str, str, LeaseOptions, Optional[int], Serializer, tuple[type[BaseException], ...]]:
+        """The options of ``__init__`` but the client, checked (TypeError or ValueError) and converted.
+        fastlease.celery checks them with it when a task is decorated, before any client exists."""
+        table = check_table(table)
+        lock_table = idempotency_lock_table(core, table, lock_table)
         # Lock timings follow the guards' rule, under this API's names; ttl is a retention (up to a year).
-        self.lease = LeaseOptions.from_seconds(lease_duration, wait, wait_name="wait")
-        self.ttl_ms = None if ttl is None else seconds_to_ms("ttl", ttl, 0.001, MAX_RETENTION)
+        lease = LeaseOptions.from_seconds(lease_duration, wait, wait_name="wait")
+        ttl_ms = None if ttl is None else seconds_to_ms("ttl", ttl, 0.001, MAX_RETENTION)
         if not (callable(getattr(serializer, "dumps", None)) and callable(getattr(serializer, "loads", None))):
             raise TypeError(f"serializer needs dumps(value) -> bytes and loads(bytes) -> value, got {serializer!r}")
-        self.serializer = serializer
-        self.retry_on = _check_retry_on(retry_on)
+        return table, lock_table, lease, ttl_ms, serializer, _check_retry_on(retry_on)
 
 
 class IdempotentCall:
