@@ -208,12 +208,17 @@ def test_an_id_keyed_idempotent_task_called_outside_celery_says_to_pass_a_key() 
 
 def test_a_singleton_called_outside_a_worker_runs_under_its_lease() -> None:
     leases = TaskLeases(MemoryClient)
-    seen: list[bool] = []
+    seen: list[Any] = []
 
     @leases.singleton(table="locks", key="report:{account}")
     def report(account: str) -> str:
-        seen.append(leases.client().inspect("locks", f"report:{account}") != [])
+        lease = leases.current_lease()
+        seen.append((lease.key, lease.fencing_token, [row["owner"] for row in leases.client().inspect("locks")]))
         return account
 
-    assert report("acme") == "acme" and seen == [True]
+    assert report("acme") == "acme" and report("acme") == "acme"
+    (key, first_token, owners), (_, second_token, _) = seen
+    assert key == "report:acme" and len(owners) == 1 and second_token > first_token
     assert leases.client().inspect("locks", "report:acme") == []
+    with pytest.raises(RuntimeError, match="no such task runs in this thread"):
+        leases.current_lease()

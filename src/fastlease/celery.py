@@ -35,7 +35,8 @@ holds the key, the task is not run, and never reported as done:
   Celery's ``Ignore``: the message is acknowledged, and the result is neither a success nor a failure.
 
 A lease lost while the body runs makes the task fail with :class:`~fastlease.LockLost` once it ends, as
-the guard's ``with`` block does: its work may have overlapped with another holder's.
+the guard's ``with`` block does: its work may have overlapped with another holder's. In the body,
+``leases.current_lease()`` is the task's lease: its fencing token, ``raise_if_lost()``, ``remaining()``.
 
 **Idempotent tasks.** ``idempotent(table=)`` runs the body once per key, by default the task's id (a
 redelivered message keeps it), or ``key=`` a template over the arguments; a redelivery after the body
@@ -72,7 +73,7 @@ from .idempotency.decorator import _check_payload, _FunctionSpec
 from .idempotency.exceptions import IdempotencyInProgress
 from .idempotency.records import DEFAULT_TTL
 from .idempotency.serialization import JSON, Serializer
-from .lock import DEFAULT_LEASE_DURATION, LeaseOptions, check_client
+from .lock import DEFAULT_LEASE_DURATION, LeaseOptions, SyncDistributedLock, check_client
 from .stores.base import check_table
 
 __all__ = ["SKIPPED", "TaskLeases"]
@@ -107,7 +108,19 @@ class TaskLeases:
         self._client: Optional[LeaseClient] = None
         #: Each decorated task's per-process state (its lock or call spec), made with this process's client.
         self._specs: dict[int, Any] = {}
+        #: The lease of the singleton task running in each thread (``current_lease``).
+        self._running = threading.local()
         worker_process_shutdown.connect(self._close_at_shutdown, weak=True)
+
+    def current_lease(self) -> SyncDistributedLock:
+        """The lease of the singleton task that runs in this thread: its ``fencing_token`` for writes that
+        must refuse an older holder (``fastlease.fencing``), ``raise_if_lost()`` between the steps of a
+        long body, ``remaining()`` to bound the next one. RuntimeError outside a singleton task's body."""
+        lease: Optional[SyncDistributedLock] = getattr(self._running, "lease", None)
+        if lease is None:
+            raise RuntimeError("current_lease() is for the body of a task decorated with this TaskLeases' "
+                               "singleton(): no such task runs in this thread")
+        return lease
 
     def client(self) -> LeaseClient:
         """This process's client, made on first use (again in a forked child: the parent's stays the
@@ -190,7 +203,12 @@ class TaskLeases:
                     held.enter_context(guard)
                 except LockNotAcquired as error:
                     busy.apply(error)
-                return fn(*args, **kwargs)
+                outer = getattr(self._running, "lease", None)  # a singleton task called from another's body
+                self._running.lease = guard
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    self._running.lease = outer
 
         return _wraps(fn, run_singleton)
 
