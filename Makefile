@@ -137,6 +137,7 @@ bench: $(INSTALLED) postgresql
 	$(PY) bench/postgres_cycle.py
 	$(PY) bench/election.py
 	$(PY) bench/semaphore.py
+	$(PY) bench/celery_tasks.py
 
 clean:
 	rm -rf $(VENV) .venv-[0-9]* build dist src/*.egg-info src/fastlease/_core.c src/fastlease/_engine/*.c src/fastlease/*.so src/fastlease/_engine/*.so
