@@ -65,6 +65,7 @@ class LeaseClient:
         renewal: str = "auto",
         _engine_module: Optional[ModuleType] = None,
     ) -> None:
+        LeaseClient.check_options(shared_observations=shared_observations, renewal=renewal)
         core = _engine_module if _engine_module is not None else _impl.core
         #: The engine module this client runs: compiled or interpreted (``implementation`` says which).
         self.engine_module = core
@@ -72,20 +73,14 @@ class LeaseClient:
         own = core.ObservationCache(core.OBSERVATION_CACHE_SIZE)
         if shared_observations is False:
             observations: Any = own
-        elif shared_observations is True or isinstance(shared_observations, (str, os.PathLike)):
+        else:
             from .observations import SharedObservationCache
 
             path = None if shared_observations is True else shared_observations
             observations = SharedObservationCache(self._observation_scope(), own, path=path)
-        else:
-            raise TypeError(
-                f"shared_observations must be True, False or a file path, got {type(shared_observations).__name__}"
-            )
         #: The engine's state for this client (store, clock, observations, renewal scheduler, release
         #: signals): every lease of the client reads it, and nothing else of the client.
         self.engine: Engine = core.Engine(store, clock, observations)
-        if renewal not in ("auto", "thread"):
-            raise ValueError(f"renewal must be 'auto' or 'thread', got {renewal!r}")
         if renewal == "auto" and clock is None and os.name == "posix" and hasattr(store, "renewal_config") \
                 and os.environ.get("FASTLEASE_RENEWAL", "auto") != "thread":
             from ._renewal_link import RenewalLink
@@ -96,6 +91,22 @@ class LeaseClient:
         self._executor: Optional[ThreadPoolExecutor] = None  # the async API's worker threads, made on first use
         self._short_executor: Optional[ThreadPoolExecutor] = None
         self._executor_lock = threading.Lock()
+
+    @staticmethod
+    def check_options(**options: Any) -> None:
+        """TypeError or ValueError for options that every client's constructor refuses (an unknown name, a
+        bad ``shared_observations`` or ``renewal``), before anything is opened: the SQLite client checks
+        them before it creates its file, so that a bad option leaves no file behind."""
+        unknown = sorted(set(options) - {"clock", "shared_observations", "renewal", "_engine_module"})
+        if unknown:
+            raise TypeError(f"unexpected keyword arguments {unknown}: a client takes clock, shared_observations and "
+                            "renewal, besides its store's own")
+        shared = options.get("shared_observations", False)
+        if not (shared is True or shared is False or isinstance(shared, (str, os.PathLike))):
+            raise TypeError(f"shared_observations must be True, False or a file path, got {type(shared).__name__}")
+        renewal = options.get("renewal", "auto")
+        if renewal not in ("auto", "thread"):
+            raise ValueError(f"renewal must be 'auto' or 'thread', got {renewal!r}")
 
     @property
     def implementation(self) -> str:

@@ -28,6 +28,7 @@ class SQLiteClient(LeaseClient):
     store: SQLiteStore
 
     def __init__(self, path: "str | os.PathLike[str]", *, clock: Optional[Clock] = None, **engine: Any) -> None:
+        LeaseClient.check_options(**engine)  # before the file is created: bad options leave none behind
         self.store = SQLiteStore(path)
         super().__init__(self.store, clock=clock, **engine)
 

@@ -182,6 +182,18 @@ def test_an_in_memory_database_is_refused_and_points_to_memory_client(core, tmp_
     assert list(tmp_path.iterdir()) == []  # nothing created
 
 
+@pytest.mark.parametrize("options, error, message", [
+    ({"renewal": "process"}, ValueError, "renewal must be 'auto' or 'thread'"),
+    ({"shared_observations": 1}, TypeError, "shared_observations must be"),
+    ({"wake_on_release": False}, TypeError, r"unexpected keyword arguments \['wake_on_release'\]"),
+])
+def test_bad_client_options_leave_no_file_behind(tmp_path, options, error, message):
+    path = tmp_path / "locks.db"
+    with pytest.raises(error, match=message):
+        SQLiteClient(path, **options)
+    assert sorted(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("table", ["ab", 'x"; DROP TABLE t; --', "a b c", "é" * 5, ""])
 def test_bad_table_names_are_refused_before_any_sql(make_sqlite, db, table):
     client = make_sqlite()
