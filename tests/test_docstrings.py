@@ -21,7 +21,8 @@ import pytest
 
 #: Modules whose ``__all__`` names must all be documented.
 ALL_MODULES = ("fastlease", "fastlease.exceptions", "fastlease.idempotency", "fastlease.idempotency.fastapi",
-               "fastlease.testing")
+               "fastlease.idempotency.http", "fastlease.testing", "fastlease.celery", "fastlease.django",
+               "fastlease.django.idempotency")
 #: Modules whose public classes and functions (those they define) must all be documented.
 DEFINING_MODULES = (
     "fastlease.lock",
@@ -48,6 +49,8 @@ DEFINING_MODULES = (
     "fastlease.cli",
     "fastlease._store_factory",
     "fastlease.demo",
+    "fastlease.django.apps",
+    "fastlease.django.management.commands.fastlease",
     "fastlease.testing.redis_server",
     "fastlease.testing.moto_server",
 )

@@ -30,8 +30,10 @@ The package is split by job, each module importing only those listed before it: 
 (the outcomes above), ``records`` (the states, ``DEFAULT_TTL``, ``RETRY_AFTER_S``),
 ``serialization`` (:class:`Serializer`, :class:`JSONSerializer`, :func:`payload_fingerprint`),
 ``calls`` (:class:`IdempotentCall` and :class:`AsyncIdempotentCall`), ``decorator``
-(:func:`idempotent`), and ``fastapi`` (``idempotent_route``, imported only on request: it needs
-``fastlease[fastapi]``).
+(:func:`idempotent`), ``http`` (what the HTTP integrations share: the ``Idempotency-Key`` syntax,
+fingerprints, problem answers, stored responses; no web framework imported), and ``fastapi``
+(``idempotent_route``, imported only on request: it needs ``fastlease[fastapi]``). The Django views
+are ``fastlease.django.idempotency``, on the same ``http`` module.
 """
 
 from __future__ import annotations

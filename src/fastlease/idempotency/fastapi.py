@@ -40,16 +40,14 @@ Streaming responses cannot be stored and are refused. Keys are scoped per client
 is given (a function of the request, say the authenticated user id), as the IETF draft advises:
 without it, two clients sending the same key share one record. A ``scope`` that cannot identify the
 request raises ``HTTPException`` (say 400 or 401), which FastAPI answers before anything runs.
+
+The parsing of the key, the fingerprint, the problems and the stored form of responses live in
+``fastlease.idempotency.http``, which the Django integration shares; their names stay importable here.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
-import math
-import re
-from typing import Any, Callable, Coroutine, Optional, Sequence
+from typing import Any, Callable, Coroutine, Optional, Sequence, cast
 
 from fastapi import HTTPException, Request, Response
 from fastapi.responses import JSONResponse
@@ -57,23 +55,22 @@ from fastapi.routing import APIRoute
 
 from ..client import LeaseClient
 from ..lock import DEFAULT_LEASE_DURATION
-from .calls import AsyncIdempotentCall, IdempotentCall, _CallSpec
+from .calls import AsyncIdempotentCall
 from .exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
+from .http import HEADER as HEADER
+from .http import MAX_KEY_CHARS as MAX_KEY_CHARS
+from .http import PROBLEM_BASE as PROBLEM_BASE
+from .http import PROBLEM_JSON as PROBLEM_JSON
+from .http import REPLAY_HEADERS as REPLAY_HEADERS
+from .http import REPLAYED_HEADER as REPLAYED_HEADER
+from .http import EndpointSpec, NotStored, Problem, replayed_response, stored_response
+from .http import parse_idempotency_key as parse_idempotency_key
+from .http import request_fingerprint as request_fingerprint
 from .records import DEFAULT_TTL
-from .serialization import canonical_json
 
 __all__ = ["idempotent_route"]
-
-HEADER = "Idempotency-Key"
-REPLAYED_HEADER = "Idempotent-Replayed"
-#: Response headers stored with the response and sent again on replay (others are per-response).
-REPLAY_HEADERS = ("content-type", "location", "etag", "cache-control", "content-language")
-#: The default start of the problem types: a tag URI (RFC 4151), which RFC 9457 allows for types that
-#: are identifiers only. Each type is this followed by the problem's name.
-PROBLEM_BASE = "tag:fastlease,2026:"
-PROBLEM_JSON = "application/problem+json"
-#: The longest key, quoted or bare.
-MAX_KEY_CHARS = 255
+# The names imported ``as`` themselves are not in __all__ but stay importable from here, as they were
+# before fastlease.idempotency.http held them.
 
 # A route's own handler: FastAPI's, which runs the endpoint and renders its response.
 _Handler = Callable[[Request], Coroutine[Any, Any, Response]]
@@ -105,104 +102,55 @@ def idempotent_route(
     ``type`` of every problem answer. Raises TypeError or ValueError for bad options, including a
     client whose store keeps no idempotency records.
     """
-    spec = _CallSpec(client, table, lock_table, lease_duration, wait, ttl, _JSON, (Exception,))
-    route = _RouteSpec(spec, header, required, scope, methods, replay_headers, problem_base)
+    spec = EndpointSpec(client, table=table, lock_table=lock_table, header=header, required=required, scope=scope,
+                        methods=methods, lease_duration=lease_duration, wait=wait, ttl=ttl,
+                        replay_headers=replay_headers, problem_base=problem_base)
 
     class IdempotentRoute(APIRoute):
         def get_route_handler(self) -> _Handler:
             handle = super().get_route_handler()
 
             async def idempotent_handler(request: Request) -> Response:
-                return await _answer(route, request, handle)
+                return await _answer(spec, client, request, handle)
 
             return idempotent_handler
 
     return IdempotentRoute
 
 
-class _RouteSpec:
-    """What every request of one idempotent router shares (validated once)."""
-
-    __slots__ = ("call", "header", "required", "scope", "guarded", "kept", "problem_base")
-
-    def __init__(self, call: _CallSpec, header: str, required: bool, scope: Optional[Callable[[Request], str]],
-                 methods: Sequence[str], replay_headers: Sequence[str], problem_base: str) -> None:
-        if scope is not None and not callable(scope):
-            raise TypeError(f"scope must be a function of the request returning a str, got {scope!r}")
-        if not isinstance(problem_base, str):
-            raise TypeError(f"problem_base must be a str (a URI prefix), got {type(problem_base).__name__}")
-        self.call = call
-        self.header = header
-        self.required = required
-        self.scope = scope
-        self.guarded = frozenset(method.upper() for method in methods)
-        self.kept = tuple(name.lower() for name in replay_headers)  # the replayed response headers
-        self.problem_base = problem_base
-
-    def problem(self, status: int, name: str, title: str, detail: str, headers: Optional[dict[str, str]] = None
-                ) -> JSONResponse:
-        """An ``application/problem+json`` answer (RFC 9457) whose ``type`` is ``problem_base + name``."""
-        return JSONResponse({"type": self.problem_base + name, "title": title, "status": status, "detail": detail},
-                            status_code=status, headers=headers, media_type=PROBLEM_JSON)
+def _problem(spec: EndpointSpec, problem: Problem) -> JSONResponse:
+    """An ``application/problem+json`` answer (RFC 9457) whose ``type`` is ``problem_base + name``."""
+    return JSONResponse(problem.body(spec.problem_base), status_code=problem.status, headers=problem.headers,
+                        media_type=PROBLEM_JSON)
 
 
-async def _answer(route: _RouteSpec, request: Request, handle: _Handler) -> Response:
+async def _answer(spec: EndpointSpec, client: LeaseClient, request: Request, handle: _Handler) -> Response:
     """The response to one request: unguarded methods and keyless requests (when the key is optional)
     simply run; a missing or malformed key is a 400 problem; a keyed request runs once (_answer_keyed)."""
-    header = route.header
-    if request.method not in route.guarded:
+    if not spec.guards(request.method):
         return await handle(request)
-    fields = request.headers.getlist(header)
-    if not fields:
-        if route.required:
-            return route.problem(400, "idempotency-key-missing", f"{header} is missing",
-                                 f"the {header} header is required: send a unique key, such as a "
-                                 f'UUID, as {header}: "<key>", and the same key when you retry')
+    found = spec.key_or_problem(request.headers.getlist(spec.header))
+    if found is None:
         return await handle(request)
-    try:
-        if len(fields) > 1:
-            raise ValueError(f"it was sent {len(fields)} times: send one {header} field")
-        idempotency_key = parse_idempotency_key(fields[0])
-    except ValueError as error:
-        return route.problem(400, "idempotency-key-malformed", f"{header} is malformed",
-                             f"the {header} header must be a structured-field string with its quotes, "
-                             f'such as "8e03978e-40d5-43e8-bc93-6894a57f9324", or 1-{MAX_KEY_CHARS} '
-                             f"visible ASCII characters without quotes: {error}")
-    return await _answer_keyed(route, request, handle, idempotency_key)
+    if isinstance(found, Problem):
+        return _problem(spec, found)
+    return await _answer_keyed(spec, client, request, handle, found)
 
 
-async def _answer_keyed(route: _RouteSpec, request: Request, handle: _Handler, idempotency_key: str) -> Response:
+async def _answer_keyed(spec: EndpointSpec, client: LeaseClient, request: Request, handle: _Handler,
+                        idempotency_key: str) -> Response:
     """The response to a request that carries a well-formed key: the route's own (run once, stored
     unless a 5xx), the stored one replayed, or a problem: 409 while a request with the key is in
     flight, 422 when the key was used with a different request."""
-    header = route.header
     # scope() first: one that refuses the request (HTTPException) answers before the body is read.
-    key = _scoped_key(route, request, idempotency_key)
+    key = spec.scoped_key(request, idempotency_key)
     fingerprint = request_fingerprint(request.method, request.url.path, request.url.query,
                                       request.headers.get("content-type", ""), await request.body())
-    call = AsyncIdempotentCall._wrap(IdempotentCall._from_spec(route.call, key, fingerprint))
+    call = AsyncIdempotentCall._wrap(spec.call(client, key, fingerprint))
     try:
-        return await _run_once(call, request, handle, route.kept)
-    except IdempotencyInProgress as error:
-        return route.problem(409, "idempotency-key-in-progress",
-                             f"A request is outstanding for this {header}",
-                             f"a request with this {header} is in progress: retry after Retry-After seconds",
-                             headers={"Retry-After": str(max(1, math.ceil(error.retry_after)))})
-    except IdempotencyKeyMismatch:
-        return route.problem(422, "idempotency-key-reused", f"{header} is already used",
-                             f"this {header} was used with a different request (method, path, query or "
-                             f"body): resend the first request unchanged, or use a new key for a new one")
-
-
-def _scoped_key(route: _RouteSpec, request: Request, idempotency_key: str) -> str:
-    """The record's key: the request's ``Idempotency-Key`` within the scope of its client (one shared
-    scope when the router has no ``scope``, or it returns "")."""
-    owner_scope = route.scope(request) if route.scope is not None else ""
-    if not isinstance(owner_scope, str):
-        raise TypeError(f"scope() must return a str, got {type(owner_scope).__name__}")
-    # The scope (an identity) is hashed: fixed length, and never readable in the store.
-    scoped = hashlib.sha256(owner_scope.encode()).hexdigest()[:32] if owner_scope else "-"
-    return f"http:{scoped}:{idempotency_key}"
+        return await _run_once(call, request, handle, spec.kept)
+    except (IdempotencyInProgress, IdempotencyKeyMismatch) as error:
+        return _problem(spec, spec.problem_for(error))
 
 
 async def _run_once(call: AsyncIdempotentCall, request: Request, handle: _Handler, kept: tuple[str, ...]
@@ -217,11 +165,12 @@ async def _run_once(call: AsyncIdempotentCall, request: Request, handle: _Handle
                 return _replay(call.result)
             response = await _route_response(handle, request)
             if response.status_code >= 500:
-                raise _NotStored(response)  # leaving the block so releases the key for a retry
-            await call.complete(_stored(response, kept))
+                raise NotStored(response, response.status_code)  # leaving the block releases the key for a retry
+            await call.complete(stored_response(response, response.status_code, response.headers.items(),
+                                                getattr(response, "body", None), kept))
             return response
-    except _NotStored as not_stored:
-        return not_stored.response
+    except NotStored as not_stored:
+        return cast(Response, not_stored.response)  # the one raised above
 
 
 async def _route_response(handle: _Handler, request: Request) -> Response:
@@ -235,148 +184,9 @@ async def _route_response(handle: _Handler, request: Request) -> Response:
         return JSONResponse({"detail": error.detail}, status_code=error.status_code, headers=error.headers)
 
 
-class _NotStored(Exception):
-    """Leaves an idempotent call's block with a response that must not be stored (a 5xx). It is in the
-    routes' ``retry_on`` (every Exception), so the key is released and the client may retry."""
-
-    def __init__(self, response: Response) -> None:
-        super().__init__(response.status_code)
-        self.response = response
-
-
-# ---- the Idempotency-Key field: RFC 8941 (structured fields) --------------------------------------
-#: A parameter's key: lcalpha or "*", then lcalpha, DIGIT, "_", "-", "." or "*".
-_PARAMETER_KEY = re.compile(r"[a-z*][a-z0-9_.*-]*")
-#: A token: ALPHA or "*", then tchar, ":" or "/".
-_TOKEN = re.compile(r"[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]*")
-#: An integer or a decimal; its limits (15 digits; 12 then 1-3) are checked after the match.
-_NUMBER = re.compile(r"-?([0-9]+)(\.([0-9]*))?")
-#: A byte sequence: base64 between colons.
-_BYTES = re.compile(r":[A-Za-z0-9+/=]*:")
-
-
-def parse_idempotency_key(field: str) -> str:
-    """The key a field value carries: an RFC 8941 Item whose bare item is a String (the draft's
-    syntax; parameters are parsed and ignored), or, unquoted, the bare key of 1-255 visible ASCII
-    characters that clients send today. ValueError, saying what is wrong, for anything else."""
-    value = field.strip(" \t")
-    if value.startswith('"'):
-        key, end = _parse_string(value, 0)
-        end = _skip_parameters(value, end)
-        if end != len(value):
-            raise ValueError(f"unexpected {value[end:end + 20]!r} after the string")
-    else:
-        if not all(" " < c <= "~" for c in value):
-            raise ValueError(f"{value[:40]!r} has a character that is not visible ASCII")
-        key = value
-    if not 1 <= len(key) <= MAX_KEY_CHARS:
-        raise ValueError(f"the key has {len(key)} characters")
-    return key
-
-
-def _parse_string(value: str, start: int) -> tuple[str, int]:
-    """The sf-string at ``value[start]`` (a DQUOTE) and the index after its closing DQUOTE."""
-    chars: list[str] = []
-    i = start + 1
-    while i < len(value):
-        c = value[i]
-        if c == "\\":
-            if value[i + 1:i + 2] not in ('"', "\\"):
-                raise ValueError(f"a backslash escapes only \\ or \" in a string, got {value[i:i + 2]!r}")
-            chars.append(value[i + 1])
-            i += 2
-        elif c == '"':
-            return "".join(chars), i + 1
-        elif not " " <= c <= "~":
-            raise ValueError(f"a string holds printable ASCII only, got {c!r}")
-        else:
-            chars.append(c)
-            i += 1
-    raise ValueError("the string has no closing quote")
-
-
-def _skip_parameters(value: str, i: int) -> int:
-    """The index after the parameters (``;key`` or ``;key=bare-item``, any number) at ``value[i]``."""
-    while value[i:i + 1] == ";":
-        i += 1
-        while value[i:i + 1] == " ":
-            i += 1
-        key = _PARAMETER_KEY.match(value, i)
-        if key is None:
-            raise ValueError(f"a parameter needs a lowercase key, got {value[i:i + 20]!r}")
-        i = key.end()
-        if value[i:i + 1] == "=":
-            i = _skip_bare_item(value, i + 1)
-    return i
-
-
-def _skip_bare_item(value: str, i: int) -> int:
-    """The index after the bare item (integer, decimal, string, token, byte sequence, boolean) at ``i``."""
-    c = value[i:i + 1]
-    if c == '"':
-        return _parse_string(value, i)[1]
-    if c == "?" and value[i + 1:i + 2] in ("0", "1"):
-        return i + 2
-    for pattern in (_TOKEN, _BYTES):
-        match = pattern.match(value, i)
-        if match is not None:
-            return match.end()
-    number = _NUMBER.match(value, i)
-    if number is not None:
-        digits, dot, fraction = number.group(1), number.group(2), number.group(3)
-        if dot is None and len(digits) <= 15 or dot is not None and len(digits) <= 12 and 1 <= len(fraction) <= 3:
-            return number.end()
-    raise ValueError(f"a parameter has no valid value at {value[i:i + 20]!r}")
-
-
-# ---- the request's fingerprint ------------------------------------------------------------------
-def request_fingerprint(method: str, path: str, query: str, content_type: str, body: bytes) -> str:
-    """What tells a retry from another request under the same key: method, path, query and body. A JSON
-    body (``application/json`` or any ``+json`` type, that parses) counts by its canonical form, so
-    that spacing, key order and escapes do not matter; any other body counts by its bytes."""
-    parts = [method.encode(), path.encode(), query.encode()]
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    canonical = None
-    if media_type == "application/json" or media_type.endswith("+json"):
-        try:
-            canonical = canonical_json(json.loads(body), allow_nan=True)
-        except (ValueError, RecursionError):  # not JSON after all (UnicodeDecodeError is a ValueError)
-            canonical = None
-    if canonical is None:
-        parts.append(body)
-    else:
-        parts += [b"application/json", canonical]  # marks the canonical form
-    return hashlib.sha256(b"\0".join(parts)).hexdigest()
-
-
-class _ResponseJSON:
-    """Stored responses are JSON dicts (the body in base64)."""
-
-    def dumps(self, value: Any) -> bytes:
-        import json
-
-        return json.dumps(value, separators=(",", ":")).encode()
-
-    def loads(self, data: bytes) -> Any:
-        import json
-
-        return json.loads(data)
-
-
-_JSON = _ResponseJSON()
-
-
-def _stored(response: Response, kept: tuple[str, ...]) -> dict[str, Any]:
-    body = getattr(response, "body", None)
-    if not isinstance(body, (bytes, bytearray)):
-        raise TypeError(f"{type(response).__name__} has no body to store: idempotent routes cannot stream")
-    headers = [[name, value] for name, value in response.headers.items() if name.lower() in kept]
-    return {"status": response.status_code, "headers": headers, "body": base64.b64encode(bytes(body)).decode()}
-
-
 def _replay(stored: dict[str, Any]) -> Response:
-    response = Response(content=base64.b64decode(stored["body"]), status_code=stored["status"])
-    for name, value in stored["headers"]:
+    replayed = replayed_response(stored)
+    response = Response(content=replayed.body, status_code=replayed.status)
+    for name, value in replayed.headers:
         response.headers[name] = value
-    response.headers[REPLAYED_HEADER] = "true"
     return response

@@ -1,0 +1,1 @@
+"""``python manage.py fastlease``: see ``fastlease.py`` here."""
