@@ -222,3 +222,47 @@ def test_a_singleton_called_outside_a_worker_runs_under_its_lease() -> None:
     assert leases.client().inspect("locks", "report:acme") == []
     with pytest.raises(RuntimeError, match="no such task runs in this thread"):
         leases.current_lease()
+
+
+# ---- a busy key in Celery's eager mode (tasks run in this process; no worker needed) ------------------
+@pytest.fixture
+def eager_app() -> Iterator[Any]:
+    from celery import Celery
+
+    app = Celery("fastlease_eager", broker="memory://")
+    app.conf.task_always_eager = True
+    yield app
+
+
+def test_a_busy_singleton_fails_with_lock_not_acquired_once_its_retries_are_spent(eager_app: Any) -> None:
+    from fastlease import LockNotAcquired, SyncDistributedLock
+
+    leases = TaskLeases(MemoryClient)
+    runs: list[str] = []
+
+    @eager_app.task(bind=True)
+    @leases.singleton(table="locks", key="report:{account}", retry_delay=0, max_retries=2)
+    def report(self: Any, account: str) -> None:
+        runs.append(account)
+
+    with SyncDistributedLock(leases.client(), table="locks", key="report:acme", wait_timeout=0):
+        result = report.apply(("acme",))
+    assert result.state == "FAILURE" and isinstance(result.result, LockNotAcquired)
+    assert "report:acme" in str(result.result) and runs == []
+    assert report.apply(("acme",)).state == "SUCCESS" and runs == ["acme"]  # the key is free again
+
+
+def test_a_busy_singleton_with_skip_is_ignored_in_eager_mode_too(eager_app: Any) -> None:
+    from fastlease import SyncDistributedLock
+
+    leases = TaskLeases(MemoryClient)
+    runs: list[str] = []
+
+    @eager_app.task(bind=True)
+    @leases.singleton(table="locks", key="export:{name}", on_busy="skip")
+    def export(self: Any, name: str) -> None:
+        runs.append(name)
+
+    with SyncDistributedLock(leases.client(), table="locks", key="export:ledger", wait_timeout=0):
+        assert export.apply(("ledger",)).state == "IGNORED"
+    assert runs == []
