@@ -136,12 +136,10 @@ class ListenerFeed:
     def wakes_for(channel: WatchedChannel, payload: Any) -> list[Callable[[], None]]:
         """Under the lock: whom one message wakes. A message that names a waiter in the key's line wakes
         that waiter alone (none, if it waits in another process); any other ("1") wakes every watcher."""
-        turn = channel.turns.get(payload) if isinstance(payload, bytes) and payload != b"1" else None
-        if turn is not None:
-            return [turn]
         if payload == b"1" or not isinstance(payload, bytes):
             return list(channel.watchers.values())
-        return []
+        turn = channel.turns.get(payload)
+        return [] if turn is None else [turn]
 
     def _wake_all(self, wakes: list[Callable[[], None]]) -> None:
         """Call the wakes of one message (outside the lock: a wake only sets events)."""
