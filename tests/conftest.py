@@ -23,7 +23,9 @@ from helpers.processes import Children
 SERVER_FIXTURES = frozenset({"moto_endpoint", "moto_session", "redis_url", "redis_db", "fastlease_redis_url",
                              "redis_cluster_url", "redis_cluster_server", "redis_cluster_db", "make_redis_cluster",
                              "fastlease_redis_cluster", "fastlease_redis_cluster_url",
-                             "postgres_dsn", "postgres_db", "fastlease_postgres_dsn"})
+                             "postgres_dsn", "postgres_db", "fastlease_postgres_dsn",
+                             # Django's test project is set up once with both its databases, PostgreSQL's included.
+                             "django_setup"})
 #: How long emptying a test's database may wait for a lock held by a connection an earlier test left open.
 EMPTY_DATABASE_LOCK_TIMEOUT = "10s"
 #: Test modules that import psycopg at the top. The wheel's server-free suite (the ``test-wheel``
