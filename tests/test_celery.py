@@ -266,3 +266,23 @@ def test_a_busy_singleton_with_skip_is_ignored_in_eager_mode_too(eager_app: Any)
     with SyncDistributedLock(leases.client(), table="locks", key="export:ledger", wait_timeout=0):
         assert export.apply(("ledger",)).state == "IGNORED"
     assert runs == []
+
+
+def test_an_idempotent_task_keyed_on_its_arguments_replays_across_task_ids(eager_app: Any) -> None:
+    from fastlease.idempotency import IdempotencyKeyMismatch
+
+    leases = TaskLeases(MemoryClient)
+    runs: list[str] = []
+
+    @eager_app.task(bind=True)
+    @leases.idempotent(table="task_results", key="charge:{payment_id}")
+    def charge(self: Any, payment_id: str, cents: int) -> dict[str, Any]:
+        runs.append(self.request.id)
+        return {"payment": payment_id, "cents": cents}
+
+    first = charge.apply(("p1", 500), task_id="t-1")
+    again = charge.apply(("p1", 500), task_id="t-2")  # another message, the same payment
+    assert first.result == again.result == {"payment": "p1", "cents": 500} and runs == ["t-1"]
+    reused = charge.apply(("p1", 900), task_id="t-3")  # the same key with other arguments
+    assert reused.state == "FAILURE" and isinstance(reused.result, IdempotencyKeyMismatch) and runs == ["t-1"]
+    assert charge.apply(("p2", 500), task_id="t-4").state == "SUCCESS" and runs == ["t-1", "t-4"]
