@@ -7,7 +7,8 @@ threads, so pydynox's Rust runtime threads count too; the server is another proc
 per cycle from the libraries' own lease metrics. Rounds are interleaved so machine noise hits all
 three alike. Then, apart: fastlease's own work per cycle with no network at all (a transport that
 encodes each request's body and answers at once), without and with fencing, which is what fencing
-adds to the client's CPU whatever the server's latency.
+adds to the client's CPU whatever the server's latency; warm (back to back), and cold (each cycle
+after 5 ms asleep, as after a wait for the server).
 
 Then the same contenders again against a second server that holds every response until ``--latency-ms``
 (5) after its request arrived, whatever the operation, as a remote endpoint does. On these machines a
@@ -35,7 +36,8 @@ import boto3
 from fastlease import SyncDistributedLock
 from fastlease.client import LeaseClient
 from fastlease.dynamodb import DynamoDBClient
-from fastlease.stores.dynamodb.fastpath import FastTransport, _encode_json
+from fastlease.stores.dynamodb.bodies import Body, encode_json
+from fastlease.stores.dynamodb.fastpath import FastTransport
 from fastlease.stores.dynamodb.store import DynamoDBStore
 from fastlease.testing.moto_server import MotoServer
 
@@ -65,8 +67,8 @@ def fastlease_runner(endpoint: str, fast_path: bool,
 class _Answering:
     """A transport that encodes the request, as the fast path does, and answers at once: success."""
 
-    def call(self, operation: str, params: dict, timeout_s: float) -> dict:
-        _encode_json(params).encode()
+    def call(self, operation: str, params: dict | Body, timeout_s: float) -> dict:
+        (params.text() if type(params) is Body else encode_json(params)).encode()
         return {}
 
 
@@ -82,6 +84,26 @@ def no_network_us(fencing: bool, cycles: int = 20_000) -> float:
             with SyncDistributedLock(client, table=TABLE, key="no-network"):
                 pass
         return (time.process_time() - start) / cycles * 1e6
+    finally:
+        client.close()
+
+
+def no_network_idle_us(fencing: bool, cycles: int = 1_000, idle_s: float = 0.005) -> float:
+    """The same work, each cycle after ``idle_s`` asleep, as a cycle's work follows a wait for the
+    server: the median of the cycles' CPU on this thread's clock. What a cycle costs cold."""
+    client = LeaseClient(DynamoDBStore(_Answering(), fencing), renewal="thread")
+    try:
+        for _ in range(100):
+            with SyncDistributedLock(client, table=TABLE, key="no-network"):
+                pass
+        spent = []
+        for _ in range(cycles):
+            time.sleep(idle_s)
+            start = time.thread_time_ns()
+            with SyncDistributedLock(client, table=TABLE, key="no-network"):
+                pass
+            spent.append(time.thread_time_ns() - start)
+        return statistics.median(spent) / 1e3
     finally:
         client.close()
 
@@ -220,6 +242,8 @@ def main() -> int:
     fenced = [no_network_us(True) for _ in range(3)]
     print(f"no network, fastlease's own work per cycle (best of 3 x 20,000): {min(plain):.1f} us; with fencing "
           f"{min(fenced):.1f} us (+{min(fenced) - min(plain):.1f} us)")
+    print(f"the same, each cycle after 5 ms asleep (median of 1,000): {no_network_idle_us(False):.1f} us; "
+          f"with fencing {no_network_idle_us(True):.1f} us")
     return 0
 
 

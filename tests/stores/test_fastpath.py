@@ -20,7 +20,8 @@ from moto import mock_aws
 from fastlease import SyncDistributedLock
 from fastlease.dynamodb import DynamoDBClient
 from fastlease.exceptions import StoreError
-from fastlease.stores.dynamodb.fastpath import FastTransport, _encode_json
+from fastlease.stores.dynamodb.bodies import encode_json
+from fastlease.stores.dynamodb.fastpath import FastTransport
 from fastlease.stores.dynamodb.sigv4 import SigV4Signer
 from fastlease.stores.dynamodb.transport import ServiceError
 
@@ -362,13 +363,13 @@ def test_blanks_around_a_json_body_are_accepted(scripted):
     ],
 )
 def test_bodies_are_encoded_as_json_dumps_does(params):
-    assert _encode_json(params) == json.dumps(params, separators=(",", ":"))
-    assert _encode_json(params).isascii()
+    assert encode_json(params) == json.dumps(params, separators=(",", ":"))
+    assert encode_json(params).isascii()
 
 
 def test_an_unencodable_value_is_a_type_error():
     with pytest.raises(TypeError):
-        _encode_json({"k": object()})
+        encode_json({"k": object()})
 
 
 @pytest.fixture
@@ -424,3 +425,25 @@ def test_tls_with_an_untrusted_certificate_is_not_sent(scripted, certificate):
         tls_transport_for(server.port, True).call(*GET, 2.0)  # the system CAs do not know this certificate
     assert info.value.maybe_committed is False
     assert server.requests == []
+
+
+def test_delegability_follows_handlers_registered_and_switched_after_the_first_look():
+    """renewal_delegable, asked at every lease, remembers the handlers it found until one is registered
+    or unregistered; a handler switched on in place (moto's stubber under ``mock_aws``) is seen at once."""
+    transport = FastTransport(boto3_client_for(1), "fastlease-test")
+    events = transport._emitter
+    try:
+        assert transport.renewal_delegable() and transport.renewal_delegable()
+        with mock_aws():
+            assert not transport.renewal_delegable()
+        assert transport.renewal_delegable()
+
+        def answer(**kwargs):
+            return None
+
+        events.register("before-send.dynamodb.UpdateItem", answer)
+        assert not transport.renewal_delegable()
+        events.unregister("before-send.dynamodb.UpdateItem", answer)
+        assert transport.renewal_delegable()
+    finally:
+        transport.close()

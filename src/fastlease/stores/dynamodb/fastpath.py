@@ -4,8 +4,9 @@ Plain boto3 spends ≈1.2 ms of client CPU per request here, most of it in reque
 signer (≈40 µs, re-deriving the signing key every time) and urllib3. Lock requests are five fixed
 shapes, so this transport sends them itself:
 
-* JSON bodies byte-identical to ``json.dumps`` (ASCII, as botocore sends them) from one reused C
-  encoder, and responses read by one call of the C scanner;
+* JSON bodies byte-identical to ``json.dumps`` (ASCII, as botocore sends them): the hot requests'
+  filled into their text (``bodies.Shape``), the others from one reused C encoder; responses read by
+  one call of the C scanner;
 * SigV4 with a cached daily signing key (``sigv4.SigV4Signer``); credentials are read from the boto3
   client's provider on *every* request, so refreshed or rotated credentials keep working;
 * HTTP/1.1 keep-alive on raw sockets (TLS where the endpoint is https, verified like botocore) with a
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from urllib.parse import urlsplit
 
 from ...exceptions import StoreError
+from .bodies import Body, encode_json
 from .sigv4 import CONTENT_TYPE, SigV4Signer
 from .transport import ServiceError, classify_unsent
 
@@ -59,31 +61,6 @@ _decode_json = json.JSONDecoder().decode
 _scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def _no_default(value: Any) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-def _make_encoder() -> Callable[[Any], str]:
-    """``json.dumps(params, separators=(",", ":"))`` (ASCII, as botocore sends bodies), byte for byte.
-
-    ``JSONEncoder.encode`` builds a new C encoder on every call; this one is built once. No circular-reference
-    check (``markers`` None): the bodies are the store's own dicts of strings and numbers. Without the C
-    accelerator (not CPython) it is JSONEncoder.encode itself.
-    """
-    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
-    if c_make_encoder is None:
-        return json.JSONEncoder(separators=(",", ":")).encode
-    chunks = c_make_encoder(None, _no_default, json.encoder.encode_basestring_ascii, None, ":", ",",
-                            False, False, True)
-    join = "".join
-
-    def encode(value: Any) -> str:
-        return join(chunks(value, 0))
-
-    return encode
-
-
-_encode_json = _make_encoder()
 
 
 def _decode_object(text: str) -> dict[str, Any]:
@@ -245,6 +222,7 @@ class FastTransport:
     """Sends the lock's DynamoDB requests directly (see the module docstring)."""
 
     name = "fast"
+    _delegable_memo: Optional[tuple[Any, tuple[Any, ...]]]
 
     def __init__(self, boto3_client: Any, user_agent: str) -> None:
         meta = boto3_client.meta
@@ -310,12 +288,21 @@ class FastTransport:
         active, a stub): another process would send them to the endpoint instead."""
         if self._emitter is None:
             return True
-        event = self._alias("before-send.dynamodb.UpdateItem")
-        handlers = getattr(self._emitter, "_handlers", None)
-        if handlers is None:
-            return False
+        # Asked at every lease. The handlers found change only when one is (un)registered, which gives
+        # botocore's emitter a new _lookup_cache (see _may_answer), so they are searched again only then;
+        # their `enabled` flags (mock_aws turns its stubber on and off in place) are read every time.
+        cache = getattr(self._emitter, "_lookup_cache", None)
+        memo = self._delegable_memo
+        if memo is not None and memo[0] is cache and type(cache) is dict:
+            found = memo[1]
+        else:
+            handlers = getattr(self._emitter, "_handlers", None)
+            if handlers is None:
+                return False
+            found = tuple(handlers.prefix_search(self._alias("before-send.dynamodb.UpdateItem")))
+            self._delegable_memo = (cache, found)  # one attribute store: a racing thread's is as good
         return all(type(handler).__name__ == "BotocoreStubber" and getattr(handler, "enabled", True) is False
-                   for handler in handlers.prefix_search(event))
+                   for handler in found)
 
     def _setup(self, endpoint_url: str, region: str, credentials: Any, emitter: Any, alias: Callable[[str], str],
                user_agent: str) -> None:
@@ -345,6 +332,8 @@ class FastTransport:
         self._ssl_context = self._make_ssl_context(self._verify) if self._secure else None
         self._idle: list[_Connection] = []
         self._idle_lock = threading.Lock()
+        # (the emitter's lookup cache, the before-send handlers found while it was current): see renewal_delegable
+        self._delegable_memo = None
 
     @staticmethod
     def _make_ssl_context(verify: Any) -> ssl.SSLContext:
@@ -361,8 +350,8 @@ class FastTransport:
         return ssl.create_default_context(cafile=verify)
 
     # ---- requests ----------------------------------------------------------------------------
-    def call(self, operation: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        body = _encode_json(params).encode()
+    def call(self, operation: str, params: dict[str, Any] | Body, timeout_s: float) -> dict[str, Any]:
+        body = (params.text() if type(params) is Body else encode_json(params)).encode()
         try:
             frozen = self._credentials.get_frozen_credentials()  # may refresh (STS, IMDS, a process)
         except self._credential_errors as error:  # nothing was sent

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import logging
 import time
 from typing import Any, Optional
@@ -37,6 +38,7 @@ from typing import Any, Optional
 from ...exceptions import MalformedLockRow, StoreError, StoreRequestRejected
 from .._digest import constructor
 from ..base import DELETED, DELETED_WITH_WAITERS, NO_USAGE, NOT_DELETED, LockRow, Record, UsageMeter, outcome_for_log
+from .bodies import Body, Shape
 from .transport import SERVER_ERROR_CODES, THROTTLING_CODES, Boto3Transport, ServiceError
 
 __all__ = ["DynamoDBStore", "Boto3Transport", "condition_check", "record_item"]
@@ -99,20 +101,106 @@ def missing_table(named: str, detail: str, key: Optional[str] = None) -> StoreRe
 
 
 
+@functools.lru_cache(maxsize=FENCES_REMEMBERED)
 def fence_key(key: str) -> str:
-    """The key of the item that holds ``key``'s fencing counter, in the same table."""
+    """The key of the item that holds ``key``'s fencing counter, in the same table (remembered: it is
+    in every fenced acquisition)."""
     digest: str = _sha256(key.encode("utf-8")).hexdigest()
     return FENCE_KEY_PREFIX + digest
 
 
-def _row_item(key: str, owner: str, version: str, lease_ms: int) -> dict[str, Any]:
+def _row_item(key: str, owner: str, version: str, lease_ms: str) -> dict[str, Any]:
     return {
         "key": {"S": key},
         "owner": {"S": owner},
         "version": {"S": version},
-        "lease_ms": {"N": str(lease_ms)},
+        "lease_ms": {"N": lease_ms},
         "protocol": {"N": PROTOCOL_V1},
     }
+
+
+# ---- the hot requests' shapes (bodies.py): each built by one function of its string values -----------
+def _acquire_put(table: str, key: str, owner: str, version: str, lease_ms: str) -> dict[str, Any]:
+    return {
+        "TableName": table,
+        "Item": _row_item(key, owner, version, lease_ms),
+        "ConditionExpression": ACQUIRE_CONDITION,
+        "ExpressionAttributeNames": _KEY_NAME,
+    }
+
+
+def _takeover_put(table: str, key: str, owner: str, version: str, lease_ms: str, expected_owner: str,
+                  expected_version: str) -> dict[str, Any]:
+    return {
+        "TableName": table,
+        "Item": _row_item(key, owner, version, lease_ms),
+        "ConditionExpression": OWNER_AND_VERSION_CONDITION,
+        "ExpressionAttributeNames": _OWNER_VERSION_NAMES,
+        "ExpressionAttributeValues": {":owner": {"S": expected_owner}, ":version": {"S": expected_version}},
+    }
+
+
+def _alone(put: dict[str, Any]) -> dict[str, Any]:
+    """A PutItem's parameters, sent alone."""
+    put["ReturnConsumedCapacity"] = "TOTAL"
+    return put
+
+
+def _fenced(put: dict[str, Any], token: str, counter_key: str) -> dict[str, Any]:
+    """``put`` with the fencing token in its row, and the raise of the key's counter (item
+    ``counter_key``) to it, only if lower: one TransactWriteItems."""
+    put["Item"]["fence"] = {"N": token}
+    counter = {
+        "TableName": put["TableName"],
+        "Key": {"key": {"S": counter_key}},
+        "UpdateExpression": FENCE_UPDATE,
+        "ConditionExpression": FENCE_CONDITION,
+        "ExpressionAttributeNames": _FENCE_NAMES,
+        "ExpressionAttributeValues": {":fence": {"N": token}},
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+    }
+    return {"TransactItems": [{"Put": put}, {"Update": counter}], "ReturnConsumedCapacity": "TOTAL"}
+
+
+def _renewal(table: str, key: str, owner: str, version: str, new_version: str) -> dict[str, Any]:
+    return {
+        "TableName": table,
+        "Key": {"key": {"S": key}},
+        "UpdateExpression": RENEW_UPDATE,
+        "ConditionExpression": OWNER_AND_VERSION_CONDITION,
+        "ExpressionAttributeNames": _OWNER_VERSION_NAMES,
+        "ExpressionAttributeValues": {":owner": {"S": owner}, ":version": {"S": version},
+                                      ":new_version": {"S": new_version}},
+        "ReturnConsumedCapacity": "TOTAL",
+    }
+
+
+def _release(table: str, key: str, owner: str) -> dict[str, Any]:
+    return {
+        "TableName": table,
+        "Key": {"key": {"S": key}},
+        "ConditionExpression": OWNER_CONDITION,
+        "ExpressionAttributeNames": _OWNER_NAMES,
+        "ExpressionAttributeValues": {":owner": {"S": owner}},
+        "ReturnValues": "ALL_OLD",  # the deleted row's waiting hint, at no extra cost
+        "ReturnConsumedCapacity": "TOTAL",
+    }
+
+
+def _consistent_read(table: str, key: str) -> dict[str, Any]:
+    return {"TableName": table, "Key": {"key": {"S": key}}, "ConsistentRead": True, "ReturnConsumedCapacity": "TOTAL"}
+
+
+ACQUIRE = Shape(lambda *values: _alone(_acquire_put(*values)), 5)
+FENCED_ACQUIRE = Shape(lambda table, key, owner, version, lease_ms, token, counter_key: _fenced(
+    _acquire_put(table, key, owner, version, lease_ms), token, counter_key), 7)
+TAKEOVER = Shape(lambda *values: _alone(_takeover_put(*values)), 7)
+FENCED_TAKEOVER = Shape(lambda table, key, owner, version, lease_ms, expected_owner, expected_version, token,
+                        counter_key: _fenced(_takeover_put(table, key, owner, version, lease_ms, expected_owner,
+                                                           expected_version), token, counter_key), 9)
+RENEWAL = Shape(_renewal, 5)
+RELEASE = Shape(_release, 3)
+READ = Shape(_consistent_read, 2)
 
 
 def _number(item: dict[str, Any], name: str, key: str) -> int:
@@ -202,16 +290,19 @@ class DynamoDBStore:
         """The holder's refreshed credentials (in the renewal process)."""
         self.transport.update_credentials(credentials)
 
-    def _send(self, operation: str, params: dict[str, Any], timeout_s: float, usage: UsageMeter, key: str) -> Any:
+    def _send(self, operation: str, params: dict[str, Any] | Body, timeout_s: float, usage: UsageMeter,
+              key: str) -> Any:
         """Send one request. Returns the response, or None for a failed condition."""
-        params["ReturnConsumedCapacity"] = "TOTAL"
+        if type(params) is dict:
+            params["ReturnConsumedCapacity"] = "TOTAL"  # (a Body's shape has it)
         try:
             response = self.transport.call(operation, params, timeout_s)
         except ServiceError as error:
             _log.debug("%s %r -> %s", operation, key, error.code)
             if error.code == "ConditionalCheckFailedException":
                 return None
-            raise self._failure(operation, error, key, [params.get("TableName")]) from error
+            table = params.values[0] if isinstance(params, Body) else params.get("TableName")
+            raise self._failure(operation, error, key, [table]) from error
         except StoreError as error:
             _log.debug("%s %r -> %s", operation, key, error)
             error.key = key
@@ -241,15 +332,12 @@ class DynamoDBStore:
     ) -> Optional[int]:
         """PutItem of a fresh row on ``attribute_not_exists(#key)``: 0 if written (protocol v1 rows keep
         no fencing token), else None. With fencing, the fencing token if written (``_fenced_put``)."""
-        params = {
-            "TableName": table,
-            "Item": _row_item(key, owner, version, lease_ms),
-            "ConditionExpression": ACQUIRE_CONDITION,
-            "ExpressionAttributeNames": _KEY_NAME,
-        }
         if self.fencing:
-            return self._fenced_put(table, key, params, timeout_s, usage)
-        return None if self._send("PutItem", params, timeout_s, usage, key) is None else 0
+            token = self._next_token(table, key)
+            body = Body(FENCED_ACQUIRE, table, key, owner, version, str(lease_ms), str(token), fence_key(key))
+            return self._fenced_put(table, key, token, body, timeout_s, usage)
+        body = Body(ACQUIRE, table, key, owner, version, str(lease_ms))
+        return None if self._send("PutItem", body, timeout_s, usage, key) is None else 0
 
     def replace_if(
         self,
@@ -265,40 +353,28 @@ class DynamoDBStore:
     ) -> Optional[int]:
         """PutItem of a fresh row on the observed (expected_owner, expected_version): 0 if written (no
         fencing token), else None. With fencing, the fencing token if written (``_fenced_put``)."""
-        params = {
-            "TableName": table,
-            "Item": _row_item(key, owner, version, lease_ms),
-            "ConditionExpression": OWNER_AND_VERSION_CONDITION,
-            "ExpressionAttributeNames": _OWNER_VERSION_NAMES,
-            "ExpressionAttributeValues": {":owner": {"S": expected_owner}, ":version": {"S": expected_version}},
-        }
+        row = (table, key, owner, version, str(lease_ms), expected_owner, expected_version)
         if self.fencing:
-            return self._fenced_put(table, key, params, timeout_s, usage)
-        return None if self._send("PutItem", params, timeout_s, usage, key) is None else 0
+            token = self._next_token(table, key)
+            body = Body(FENCED_TAKEOVER, *row, str(token), fence_key(key))
+            return self._fenced_put(table, key, token, body, timeout_s, usage)
+        return None if self._send("PutItem", Body(TAKEOVER, *row), timeout_s, usage, key) is None else 0
 
-    def _fenced_put(self, table: str, key: str, put: dict[str, Any], timeout_s: float,
+    def _next_token(self, table: str, key: str) -> int:
+        """The fencing token to try: the counter's last value seen here plus one, or the wall clock in
+        microseconds if higher (a guess, so that a client that never saw this key needs no read first;
+        the condition, not the clock, keeps tokens increasing)."""
+        return max(self._fences.get((table, key), 0) + 1, time.time_ns() // 1000)
+
+    def _fenced_put(self, table: str, key: str, token: int, body: Body, timeout_s: float,
                     usage: UsageMeter) -> Optional[int]:
-        """One TransactWriteItems: ``put`` (the row, on its condition) with the new fencing token in it,
-        and the key's counter raised to that token, only if it is lower. The token is the counter's last
-        value seen here plus one, or the wall clock in microseconds if higher (a guess, so that a client
-        that never saw this key needs no read first; the condition, not the clock, keeps tokens
-        increasing). The token if written; None if the row's condition failed, or the counter was
-        already at or above the token: then its value, sent back with the cancellation, is remembered,
-        and the engine's next put (after it reads the row) uses a higher one."""
-        token = max(self._fences.get((table, key), 0) + 1, time.time_ns() // 1000)
-        put["Item"]["fence"] = {"N": str(token)}
-        counter = {
-            "TableName": table,
-            "Key": {"key": {"S": fence_key(key)}},
-            "UpdateExpression": FENCE_UPDATE,
-            "ConditionExpression": FENCE_CONDITION,
-            "ExpressionAttributeNames": _FENCE_NAMES,
-            "ExpressionAttributeValues": {":fence": {"N": str(token)}},
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-        }
-        params = {"TransactItems": [{"Put": put}, {"Update": counter}], "ReturnConsumedCapacity": "TOTAL"}
+        """Send ``body``, one TransactWriteItems (``_fenced``): the row, on its condition, with ``token``
+        in it, and the key's counter raised to ``token``, only if it is lower. The token if written;
+        None if the row's condition failed, or the counter was already at or above the token: then its
+        value, sent back with the cancellation, is remembered, and the engine's next put (after it reads
+        the row) uses a higher one."""
         try:
-            response = self.transport.call("TransactWriteItems", params, timeout_s)
+            response = self.transport.call("TransactWriteItems", body, timeout_s)
         except ServiceError as error:
             _log.debug("TransactWriteItems %r -> %s", key, error.code)
             if error.code == "TransactionCanceledException":
@@ -357,8 +433,8 @@ class DynamoDBStore:
         self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
     ) -> bool:
         """UpdateItem of the version alone, on (owner, version): True if applied."""
-        return self._update_if_held(table, key, owner, version, RENEW_UPDATE, OWNER_AND_VERSION_CONDITION,
-                                    _OWNER_VERSION_NAMES, {":new_version": {"S": new_version}}, timeout_s, usage)
+        body = Body(RENEWAL, table, key, owner, version, new_version)
+        return self._send("UpdateItem", body, timeout_s, usage, key) is not None
 
     def mark_waiting(
         self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
@@ -372,15 +448,7 @@ class DynamoDBStore:
     ) -> int:
         """DeleteItem on the owner, returning the old item for its ``waiting`` hint: ``DELETED`` or
         ``DELETED_WITH_WAITERS``, else ``NOT_DELETED``."""
-        params = {
-            "TableName": table,
-            "Key": {"key": {"S": key}},
-            "ConditionExpression": OWNER_CONDITION,
-            "ExpressionAttributeNames": _OWNER_NAMES,
-            "ExpressionAttributeValues": {":owner": {"S": owner}},
-            "ReturnValues": "ALL_OLD",  # the deleted row's waiting hint, at no extra cost
-        }
-        response = self._send("DeleteItem", params, timeout_s, usage, key)
+        response = self._send("DeleteItem", Body(RELEASE, table, key, owner), timeout_s, usage, key)
         if response is None:
             return NOT_DELETED
         # The row is deleted either way, so a garbled echo of it only loses the hint.
@@ -390,8 +458,7 @@ class DynamoDBStore:
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         """Consistent GetItem: the parsed row, or None. A missing or mistyped attribute raises
         MalformedLockRow."""
-        params = {"TableName": table, "Key": {"key": {"S": key}}, "ConsistentRead": True}
-        response = self._send("GetItem", params, timeout_s, usage, key)
+        response = self._send("GetItem", Body(READ, table, key), timeout_s, usage, key)
         item = response.get("Item")
         if item is None:
             return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ...exceptions import StoreError, StoreRequestRejected
+from .bodies import Body
 
 #: Errors that mean "not applied, try again later".
 THROTTLING_CODES = frozenset(
@@ -79,15 +80,17 @@ class Boto3Transport:
             client = self._clients.setdefault(bucket, self._make_client(bucket))
         return client
 
-    def call(self, operation: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """Send one request (``operation`` is the API name, such as ``PutItem``) on the lock client of
-        ``timeout_s``'s bucket and return the response. An error response raises ServiceError; botocore's
-        own failures raise StoreRequestRejected, or StoreError (``maybe_committed`` once sent)."""
+    def call(self, operation: str, params: dict[str, Any] | Body, timeout_s: float) -> dict[str, Any]:
+        """Send one request (``operation`` is the API name, such as ``PutItem``; ``params`` its parameters,
+        or a ``Body`` that builds them) on the lock client of ``timeout_s``'s bucket and return the
+        response. An error response raises ServiceError; botocore's own failures raise
+        StoreRequestRejected, or StoreError (``maybe_committed`` once sent)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
+        arguments = params.params() if isinstance(params, Body) else params
         client = self._client(timeout_s)
         try:
-            response: dict[str, Any] = getattr(client, METHODS[operation])(**params)
+            response: dict[str, Any] = getattr(client, METHODS[operation])(**arguments)
             return response
         except ClientError as error:
             info = error.response.get("Error", {})
