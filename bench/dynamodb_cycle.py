@@ -17,7 +17,11 @@ spends longer on a transaction than on a PutItem, so in the first table a fenced
 for moto's slowness; in the second every client waits alike. Each table ends with
 the raw exchange: fastlease's own two requests of a cycle, their bytes as sent, replayed on one
 kept-alive socket by a bare ``sendall`` and ``recv``: the CPU that any client pays for the exchange itself.
-Run: ``.venv/bin/python bench/dynamodb_cycle.py [--cycles N] [--rounds R] [--latency-ms MS]``.
+
+Then both tables again against ``canned_endpoint.py``, an endpoint that stores nothing and answers every
+request with success: moto runs on the same cores as the client, and its own work between a request and
+its answer leaves the client colder than a remote endpoint would; this one costs almost nothing.
+Run: ``.venv/bin/python bench/dynamodb_cycle.py [--cycles N] [--rounds R] [--latency-ms MS] [--no-canned]``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 import boto3
+from canned_endpoint import CannedEndpoint
 
 from fastlease import SyncDistributedLock
 from fastlease.client import LeaseClient
@@ -181,12 +186,15 @@ def contenders_for(endpoint: str) -> dict[str, Runner]:
     return contenders
 
 
-def measure(latency_ms: float, rounds: int, cycles: int) -> None:
-    """One table: every contender against one server (``latency_ms``: its response floor), interleaved."""
-    with MotoServer(latency_ms=latency_ms) as server:
-        admin = DynamoDBClient(session=boto3.session.Session(**CREDENTIALS), endpoint_url=server.endpoint_url)
-        admin.create_lock_table(TABLE)
-        admin.close()
+def measure(latency_ms: float, rounds: int, cycles: int, canned: bool = False) -> None:
+    """One table: every contender against one server (``latency_ms``: its response floor), interleaved;
+    moto, or with ``canned`` the endpoint that stores nothing (``canned_endpoint.py``)."""
+    with (CannedEndpoint(latency_ms) if canned else MotoServer(latency_ms=latency_ms)) as server:
+        assert server.endpoint_url is not None
+        if not canned:
+            admin = DynamoDBClient(session=boto3.session.Session(**CREDENTIALS), endpoint_url=server.endpoint_url)
+            admin.create_lock_table(TABLE)
+            admin.close()
         contenders = contenders_for(server.endpoint_url)
         for run, _ in contenders.values():
             run(20)  # warm-up: connections, lock clients, caches
@@ -202,9 +210,12 @@ def measure(latency_ms: float, rounds: int, cycles: int) -> None:
         for _, close in contenders.values():
             close()
 
-    server_kind = f"every response held to {latency_ms:g} ms" if latency_ms else "at moto's own speed"
-    print(f"# dynamodb_cycle: {rounds} interleaved rounds x {cycles} cycles against one serialised moto server, "
-          f"{server_kind}, Python {platform.python_version()}, {platform.machine()}, {time.strftime('%Y-%m-%d')}")
+    server = "the canned endpoint (no store, every request answered with success)" if canned else \
+        "one serialised moto server"
+    held = f"every response held to {latency_ms:g} ms" if latency_ms else \
+        ("every response at once" if canned else "at moto's own speed")
+    print(f"# dynamodb_cycle: {rounds} interleaved rounds x {cycles} cycles against {server}, "
+          f"{held}, Python {platform.python_version()}, {platform.machine()}, {time.strftime('%Y-%m-%d')}")
     print(f"{'client':<18}{'cycles/s':>10}{'wall us/cycle':>15}{'CPU us/cycle':>14}{'requests/cycle':>16}")
     medians = {}
     for name in contenders:
@@ -231,6 +242,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--latency-ms", type=float, default=5.0,
                         help="the second table's response floor (default 5; 0 leaves that table out)")
+    parser.add_argument("--no-canned", action="store_true",
+                        help="leave out the tables against the canned endpoint (canned_endpoint.py)")
     args = parser.parse_args()
     if args.cycles < 1 or args.rounds < 1 or not 0 <= args.latency_ms <= 1000:
         parser.error("--cycles and --rounds must be at least 1, --latency-ms in 0..1000")
@@ -238,6 +251,10 @@ def main() -> int:
     if args.latency_ms:
         # Each cycle waits two floors, so fewer cycles per round keep this table's time near the first's.
         measure(args.latency_ms, args.rounds, max(1, args.cycles // 2))
+    if not args.no_canned:
+        measure(0.0, args.rounds, args.cycles, canned=True)
+        if args.latency_ms:
+            measure(args.latency_ms, args.rounds, max(1, args.cycles // 2), canned=True)
     plain = [no_network_us(False) for _ in range(3)]
     fenced = [no_network_us(True) for _ in range(3)]
     print(f"no network, fastlease's own work per cycle (best of 3 x 20,000): {min(plain):.1f} us; with fencing "
