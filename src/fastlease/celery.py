@@ -106,8 +106,9 @@ class TaskLeases:
         self._guard = threading.Lock()
         self._pid: Optional[int] = None
         self._client: Optional[LeaseClient] = None
-        #: Each decorated task's per-process state (its lock or call spec), made with this process's client.
-        self._specs: dict[int, Any] = {}
+        #: Each decorated task's per-process state (its lock or call spec), made with this process's client,
+        #: under the task's own build function.
+        self._specs: dict[Callable[[LeaseClient], Any], Any] = {}
         #: The lease of the singleton task running in each thread (``current_lease``).
         self._running = threading.local()
         worker_process_shutdown.connect(self._close_at_shutdown, weak=True)
@@ -149,13 +150,14 @@ class TaskLeases:
             self._pid, self._client, self._specs = pid, check_client(client), {}
         return self._client
 
-    def _spec(self, slot: int, build: Callable[[LeaseClient], Any]) -> Any:
-        """The per-process state of decorated task ``slot``, built with this process's client once."""
+    def _spec(self, build: Callable[[LeaseClient], Any]) -> Any:
+        """The per-process state of the decorated task that ``build`` (its own function) makes, built
+        with this process's client once."""
         with self._guard:
             client = self._process_client()
-            spec = self._specs.get(slot)
+            spec = self._specs.get(build)
             if spec is None:
-                spec = self._specs[slot] = build(client)
+                spec = self._specs[build] = build(client)
             return spec
 
     def singleton(
@@ -194,10 +196,8 @@ class TaskLeases:
 
     def _singleton_task(self, fn: Callable[_P, _R], build: Callable[[LeaseClient], _LockSpec],
                         busy: _BusyPolicy) -> Callable[_P, _R]:
-        slot = _new_slot()
-
         def run_singleton(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-            guard = self._spec(slot, build).guard(args, kwargs)
+            guard = self._spec(build).guard(args, kwargs)
             with contextlib.ExitStack() as held:
                 try:
                     held.enter_context(guard)
@@ -262,10 +262,8 @@ class TaskLeases:
 
     def _idempotent_task(self, fn: Callable[_P, _R], build: Callable[[LeaseClient], _FunctionSpec],
                          busy: _BusyPolicy) -> Callable[_P, _R]:
-        slot = _new_slot()
-
         def run_idempotent(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-            call: IdempotentCall = self._spec(slot, build).start(args, kwargs)
+            call: IdempotentCall = self._spec(build).start(args, kwargs)
             with contextlib.ExitStack() as running:
                 try:
                     running.enter_context(call)
@@ -330,16 +328,6 @@ class _TaskIdKey:
             raise TypeError("an idempotent task keyed on its id must run as a Celery task (delay, apply_async "
                             "or a worker): called directly it has no id; pass key= to key it on its arguments")
         return f"celery:{task.name}:{task_id}"
-
-
-_slots = iter(range(1 << 62))
-_slots_guard = threading.Lock()
-
-
-def _new_slot() -> int:
-    """A number for each decorated task, under which each process keeps that task's spec."""
-    with _slots_guard:
-        return next(_slots)
 
 
 def _check_task_function(fn: Any, name: str) -> None:
