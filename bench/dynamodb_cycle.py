@@ -41,7 +41,7 @@ from canned_endpoint import CannedEndpoint
 from fastlease import SyncDistributedLock
 from fastlease.client import LeaseClient
 from fastlease.dynamodb import DynamoDBClient
-from fastlease.stores.dynamodb.bodies import Body, encode_json
+from fastlease.stores.dynamodb.bodies import Body, as_text
 from fastlease.stores.dynamodb.fastpath import FastTransport
 from fastlease.stores.dynamodb.store import DynamoDBStore
 from fastlease.testing.moto_server import MotoServer
@@ -73,7 +73,7 @@ class _Answering:
     """A transport that encodes the request, as the fast path does, and answers at once: success."""
 
     def call(self, operation: str, params: dict | Body, timeout_s: float) -> dict:
-        (params.text() if type(params) is Body else encode_json(params)).encode()
+        as_text(params).encode()
         return {}
 
 

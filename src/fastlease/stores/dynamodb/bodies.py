@@ -25,9 +25,10 @@ import json
 import re
 from json.encoder import encode_basestring_ascii as quote  # (C) a JSON string literal, ASCII, as the encoder writes it
 from operator import itemgetter
+from types import CodeType
 from typing import Any, Callable, Optional
 
-__all__ = ["Body", "Shape", "encode_json"]
+__all__ = ["Body", "Shape", "as_params", "as_text", "encode_json"]
 
 
 def _no_default(value: Any) -> Any:
@@ -69,9 +70,10 @@ class Shape:
 
     __slots__ = ("build", "_arity", "_form")
 
-    def __init__(self, build: Callable[..., dict[str, Any]], arity: int) -> None:
+    def __init__(self, build: Callable[..., dict[str, Any]]) -> None:
         self.build = build
-        self._arity = arity
+        code: CodeType = build.__code__  # (a function: one parameter per value)
+        self._arity = code.co_argcount
         # (the pieces list with a slot between every two constant pieces, the getter of the quoted
         # values in the slots' order); None until the first use
         self._form: Optional[tuple[list[str], Callable[[tuple[str, ...]], Any]]] = None
@@ -121,3 +123,13 @@ class Body:
 
     def text(self) -> str:
         return self.shape.text(self.values)
+
+
+def as_params(request: dict[str, Any] | Body) -> dict[str, Any]:
+    """A request (parameters, or a Body) as its parameters: what boto3 sends."""
+    return request.params() if type(request) is Body else request  # type: ignore[return-value]
+
+
+def as_text(request: dict[str, Any] | Body) -> str:
+    """A request (parameters, or a Body) as its JSON text: what the fast path sends."""
+    return request.text() if type(request) is Body else encode_json(request)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from urllib.parse import urlsplit
 
 from ...exceptions import StoreError
-from .bodies import Body, encode_json
+from .bodies import Body, as_text
 from .sigv4 import CONTENT_TYPE, SigV4Signer
 from .transport import ServiceError, classify_unsent
 
@@ -59,8 +59,6 @@ _decode_json = json.JSONDecoder().decode
 # decode()/raw_decode() frames or whitespace regexes around it. Anything it does not take whole (leading
 # or trailing whitespace, a syntax error) goes to _decode_json, which also gives the precise error.
 _scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
 
 
 def _decode_object(text: str) -> dict[str, Any]:
@@ -351,7 +349,7 @@ class FastTransport:
 
     # ---- requests ----------------------------------------------------------------------------
     def call(self, operation: str, params: dict[str, Any] | Body, timeout_s: float) -> dict[str, Any]:
-        body = (params.text() if type(params) is Body else encode_json(params)).encode()
+        body = as_text(params).encode()
         try:
             frozen = self._credentials.get_frozen_credentials()  # may refresh (STS, IMDS, a process)
         except self._credential_errors as error:  # nothing was sent

@@ -38,7 +38,7 @@ from typing import Any, Optional
 from ...exceptions import MalformedLockRow, StoreError, StoreRequestRejected
 from .._digest import constructor
 from ..base import DELETED, DELETED_WITH_WAITERS, NO_USAGE, NOT_DELETED, LockRow, Record, UsageMeter, outcome_for_log
-from .bodies import Body, Shape
+from .bodies import Body, Shape, as_params
 from .transport import SERVER_ERROR_CODES, THROTTLING_CODES, Boto3Transport, ServiceError
 
 __all__ = ["DynamoDBStore", "Boto3Transport", "condition_check", "record_item"]
@@ -191,16 +191,33 @@ def _consistent_read(table: str, key: str) -> dict[str, Any]:
     return {"TableName": table, "Key": {"key": {"S": key}}, "ConsistentRead": True, "ReturnConsumedCapacity": "TOTAL"}
 
 
-ACQUIRE = Shape(lambda *values: _alone(_acquire_put(*values)), 5)
-FENCED_ACQUIRE = Shape(lambda table, key, owner, version, lease_ms, token, counter_key: _fenced(
-    _acquire_put(table, key, owner, version, lease_ms), token, counter_key), 7)
-TAKEOVER = Shape(lambda *values: _alone(_takeover_put(*values)), 7)
-FENCED_TAKEOVER = Shape(lambda table, key, owner, version, lease_ms, expected_owner, expected_version, token,
-                        counter_key: _fenced(_takeover_put(table, key, owner, version, lease_ms, expected_owner,
-                                                           expected_version), token, counter_key), 9)
-RENEWAL = Shape(_renewal, 5)
-RELEASE = Shape(_release, 3)
-READ = Shape(_consistent_read, 2)
+def _acquire(table: str, key: str, owner: str, version: str, lease_ms: str) -> dict[str, Any]:
+    return _alone(_acquire_put(table, key, owner, version, lease_ms))
+
+
+def _fenced_acquire(table: str, key: str, owner: str, version: str, lease_ms: str, token: str,
+                    counter_key: str) -> dict[str, Any]:
+    return _fenced(_acquire_put(table, key, owner, version, lease_ms), token, counter_key)
+
+
+def _takeover(table: str, key: str, owner: str, version: str, lease_ms: str, expected_owner: str,
+              expected_version: str) -> dict[str, Any]:
+    return _alone(_takeover_put(table, key, owner, version, lease_ms, expected_owner, expected_version))
+
+
+def _fenced_takeover(table: str, key: str, owner: str, version: str, lease_ms: str, expected_owner: str,
+                     expected_version: str, token: str, counter_key: str) -> dict[str, Any]:
+    return _fenced(_takeover_put(table, key, owner, version, lease_ms, expected_owner, expected_version), token,
+                   counter_key)
+
+
+ACQUIRE = Shape(_acquire)
+FENCED_ACQUIRE = Shape(_fenced_acquire)
+TAKEOVER = Shape(_takeover)
+FENCED_TAKEOVER = Shape(_fenced_takeover)
+RENEWAL = Shape(_renewal)
+RELEASE = Shape(_release)
+READ = Shape(_consistent_read)
 
 
 def _number(item: dict[str, Any], name: str, key: str) -> int:
@@ -301,8 +318,7 @@ class DynamoDBStore:
             _log.debug("%s %r -> %s", operation, key, error.code)
             if error.code == "ConditionalCheckFailedException":
                 return None
-            table = params.values[0] if isinstance(params, Body) else params.get("TableName")
-            raise self._failure(operation, error, key, [table]) from error
+            raise self._failure(operation, error, key, [as_params(params).get("TableName")]) from error
         except StoreError as error:
             _log.debug("%s %r -> %s", operation, key, error)
             error.key = key

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ...exceptions import StoreError, StoreRequestRejected
-from .bodies import Body
+from .bodies import Body, as_params
 
 #: Errors that mean "not applied, try again later".
 THROTTLING_CODES = frozenset(
@@ -87,7 +87,7 @@ class Boto3Transport:
         StoreRequestRejected, or StoreError (``maybe_committed`` once sent)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        arguments = params.params() if isinstance(params, Body) else params
+        arguments = as_params(params)
         client = self._client(timeout_s)
         try:
             response: dict[str, Any] = getattr(client, METHODS[operation])(**arguments)
