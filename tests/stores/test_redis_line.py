@@ -12,13 +12,13 @@ from typing import Any, Iterator
 import pytest
 
 from fastlease import SyncDistributedLock
-from fastlease.exceptions import LockNotAcquired
+from fastlease.exceptions import LockLost, LockNotAcquired
 from fastlease.redis import RedisClient
 from fastlease.stores._release_feed import ListenerFeed, WatchedChannel
 from fastlease.stores.base import Record
 from fastlease.stores.redis.cluster import ClusterLayout
 from fastlease.stores.redis.scripts import ALIVE_MS, NodeLayout
-from fastlease.testing import NO_USAGE
+from fastlease.testing import NO_USAGE, FakeClock
 from helpers.lock_waiter import Waiter
 from helpers.waiting import wait_until
 
@@ -198,6 +198,23 @@ def test_a_dead_waiter_first_in_line_is_skipped_once_its_deadline_passes(where):
     # Not before the dead waiter's place lapsed (the line is kept), and within a poll after it.
     assert dead_until - 0.05 <= waiter.acquired_at <= dead_until + LONGEST_POLL_S + 1.0
     assert where.line(holder, "k") == []
+
+
+def test_a_waiter_that_takes_over_leaves_the_line(where):
+    # ACQUIRE in turn leaves the line in its own script; a takeover must leave it apart, or its place would
+    # be the head that its own release names, and the next waiter would wait for it to lapse.
+    paused = where.client(clock=FakeClock())  # stops renewing: its clock stands
+    taker, after = where.client(clock=FakeClock()), where.client()
+    guard = hold(paused, "k")
+    with SyncDistributedLock(taker, table="locks", key="k", lease_duration=5, wait_timeout=60) as lease:
+        assert lease.fencing_token == 2 and where.line(taker, "k") == []  # took over, and left its place
+        waiter = Waiter(after, "k", wait_s=BOUND_S, lease_s=5)
+        wait_until(lambda: where.line(taker, "k") != [] and after.store.release_feed.subscribed("locks", "k"),
+                   BOUND_S, "the next waiter in line")
+    waiter.join()
+    assert waiter.token == 3 and after.store.release_feed.delivered == 1  # woken by the release: its turn
+    with pytest.raises(LockLost):
+        guard.__exit__(None, None, None)
 
 
 def test_a_wait_that_runs_out_gives_its_place_up(where):

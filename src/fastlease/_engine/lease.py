@@ -246,9 +246,15 @@ class Lease(WaitingLease):
             # Fail closed on a store that breaks the contract (an old one's False would read as written).
             raise TypeError(f"{type(self._store).__name__} answered an acquisition write with {applied!r:.80}; "
                             "a LockStore returns None (not written) or the fencing token, an int >= 0")
-        if seen_owner is not None:
-            _log.debug("took over %r in %r from owner %s", self.key, self.table, seen_owner)
-        return self._confirm(owner, version, mono_ns, wall_ns, applied or None)  # 0: the store keeps no token
+        if seen_owner is None:
+            return self._confirm(owner, version, mono_ns, wall_ns, applied or None)  # 0: the store keeps no token
+        _log.debug("took over %r in %r from owner %s", self.key, self.table, seen_owner)
+        confirmed = self._confirm(owner, version, mono_ns, wall_ns, applied or None)
+        if confirmed and self._waiter is not None and self._reads:
+            # A put in turn takes its waiter out of the line; a takeover does not, and the place left there
+            # would be the head that our own release names, which nobody would answer.
+            self._leave_line()
+        return confirmed
 
     def _reconcile_or_keep_pending(self, deadline_ns: int) -> bool:
         """Right after an ambiguous write: one consistent read. A failed read keeps it pending."""

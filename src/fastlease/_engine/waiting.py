@@ -108,10 +108,15 @@ class WaitingLease(HeldLease):
         """How often to look again while contended: less often in the store's line while the feed has
         our watch confirmed, or is about to make it (the release that gives us the turn then wakes us);
         else the usual poll (a Redis Cluster without sharded pub/sub, say, delivers no wake-up, and the
-        turn comes by polls). A watch yet to be made is waited on for a usual poll at most (_wait_turn)."""
+        turn comes by polls). A watch yet to be made is waited on for a usual poll at most (_wait_turn).
+
+        In line, the longer poll is capped at an eighth of the holder's lease: a takeover comes a lease
+        after the first read that saw the holder's last renewal, so a crashed holder is taken over up
+        to 1.5 polls late, which must stay small beside the lease (a 1 s lease: the usual 125 ms poll)."""
         watch = self._watch
         if self._waiter is not None and self._feed is not None and (watch is None or watch.ready.is_set()):
-            return POLL_IN_LINE_MS
+            lease_ms = self._seen_lease_ms if self._seen_lease_ms else self.lease_ms
+            return max(POLL_INTERVAL_MS, min(POLL_IN_LINE_MS, lease_ms // 8))
         return POLL_INTERVAL_MS
 
     def _end_wait(self, signals: ReleaseSignals, acquired: bool) -> None:
