@@ -14,13 +14,16 @@ Side by side in one run, on one PostgreSQL server (a throwaway one started here,
     connection of this process: each ReadyForQuery message the server sends ends one request that the
     client waited for (neither fastlease nor psycopg here uses pipeline mode), so their number is the
     number of round trips, whatever the library sent (a prepare, a timeout setting) and wherever;
-  * 4 processes on one key, 5 ms critical section (``bench/handoff.py``'s workload and report): fastlease,
-    and the advisory lock taken blocking (``pg_advisory_lock``), each process on its own connection.
+  * 4 processes on one key, 5 ms critical section (``bench/handoff.py``'s workload and report): fastlease
+    (waiters in the key's line of waiters, each release waking the next alone), the advisory lock taken
+    blocking (``pg_advisory_lock``), each process on its own connection, and fastlease again on the same
+    table with its line dropped (as a table made before the line: every release wakes every waiter).
 
 With ``--dsn``, the lock tables ``fastlease_bench_cycle`` and ``handoff_locks`` are created there if
 missing (and kept), and the advisory keys are two fixed bigints (``ADVISORY_KEY`` here and in handoff.py).
 
-Run: ``.venv/bin/python bench/postgres_cycle.py [--cycles N] [--rounds R] [--seconds S] [--dsn DSN]``.
+Run: ``.venv/bin/python bench/postgres_cycle.py [--cycles N] [--rounds R] [--seconds S] [--workers W]
+[--dsn DSN]``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from psycopg import pq
 
 from fastlease import SyncDistributedLock, _impl
 from fastlease.postgres import PostgresClient
+from fastlease.stores.postgres.sql import line_table
 from fastlease.testing.postgres_server import PostgresServer
 
 compiled = _impl.load("c")  # built by make test; missing, the script fails (never falls back)
@@ -209,12 +213,25 @@ def run(dsn: str, args: argparse.Namespace) -> None:
               f"{statistics.median(ours.cpu_us) / statistics.median(reference.cpu_us):.2f}x its CPU, "
               f"{ours.round_trips / reference.round_trips:.2f}x its round trips")
     print()
-    print(f"# handoff: {handoff.WORKERS} processes, one key, {handoff.WORK_S * 1000:g} ms critical section, "
+    print(f"# handoff: {args.workers} processes, one key, {handoff.WORK_S * 1000:g} ms critical section, "
           f"{args.seconds:g} s each")
     print(f"{'setup':<{handoff.LABEL_WIDTH}}{'holds':>7}{'p50 ms':>10}{'p99 ms':>10}   {'share per worker':<23}"
           f"{'reads/acq':>11}{'reads/s wait':>14}")
-    handoff.summarise("fastlease: processes, PostgreSQL", handoff.processes_on("fastlease", dsn, args.seconds))
-    handoff.summarise("pg_advisory_lock: processes", handoff.processes_on(handoff.ADVISORY, dsn, args.seconds))
+    handoff.summarise("fastlease: PostgreSQL, the line",
+                      handoff.processes_on("fastlease", dsn, args.seconds, args.workers))
+    handoff.summarise("pg_advisory_lock: processes",
+                      handoff.processes_on(handoff.ADVISORY, dsn, args.seconds, args.workers))
+    # The same table without its line of waiters, as a table made before the line is used: every release
+    # wakes every waiting process, and each looks (the store's fallback, logged once per process).
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f"DROP TABLE {line_table(handoff.TABLE)}")
+    try:
+        handoff.summarise("fastlease: PostgreSQL, no line",
+                          handoff.processes_on("fastlease-lineless", dsn, args.seconds, args.workers))
+    finally:
+        restorer = PostgresClient(dsn)
+        restorer.create_lock_table(handoff.TABLE)  # its line again (with --dsn, the table is kept)
+        restorer.close()
 
 
 def main() -> int:
@@ -222,6 +239,8 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=3_000, help="cycles per round (default 3000)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--seconds", type=float, default=10.0, help="each handoff run (default 10)")
+    parser.add_argument("--workers", type=int, default=handoff.WORKERS,
+                        help=f"processes in the handoff (default {handoff.WORKERS})")
     parser.add_argument("--dsn", help="run against this server (postgresql://...) instead of a throwaway one")
     args = parser.parse_args()
     if args.dsn:

@@ -32,8 +32,8 @@ EMPTY_DATABASE_LOCK_TIMEOUT = "10s"
 #: dependency group, which every platform can install) has no psycopg, and these modules' tests all need
 #: the PostgreSQL server anyway, so there they are not collected. ``make test`` installs psycopg (the
 #: ``test`` group), so it always collects them.
-PSYCOPG_MODULES = ["stores/test_postgres.py", "stores/test_postgres_feed.py", "stores/test_postgres_processes.py",
-                   "test_bench_postgres.py"]
+PSYCOPG_MODULES = ["stores/test_postgres.py", "stores/test_postgres_feed.py", "stores/test_postgres_line.py",
+                   "stores/test_postgres_processes.py", "test_bench_postgres.py"]
 #: Test modules of the benchmarks, which import the scripts in ``bench/``. The wheel's suite is a copy of
 #: ``tests/`` without ``bench/`` (and their tests all need a server), so there they are not collected.
 BENCH_MODULES = ["test_bench_redis.py", "test_bench_postgres.py", "test_bench_renewal_memory.py"]

@@ -49,6 +49,8 @@ class PostgresClient(LeaseClient):
         super().__init__(self.store, clock=clock, **engine)
         # Waiters LISTEN for releases made anywhere; every release notifies, whatever this setting.
         self.engine.release_feed = self.store.release_feed if wake_on_release else None
+        # Waiters queue in the line of waiters of each key, each woken alone on its turn by the feed.
+        self.engine.line = self.store if wake_on_release else None
         #: The identity (server, database, lock table) of each lock table, as our connections see it.
         self._identities: dict[str, tuple[str, str, Optional[int]]] = {}
         #: The same, as each caller's connection sees it (a connection's server and database never change).

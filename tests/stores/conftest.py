@@ -3,7 +3,7 @@ imported in the fixtures: the wheel's server-free suite, which has no psycopg, s
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
@@ -26,8 +26,10 @@ def make_client(postgres_db: str) -> Iterator[Callable[..., Any]]:
 
     clients: list[PostgresClient] = []
 
-    def build(app: str = "fl-test", *, tables: tuple[str, ...] = (), **kwargs: Any) -> PostgresClient:
-        client = PostgresClient(make_conninfo(postgres_db, application_name=app), **kwargs)
+    def build(app: str = "fl-test", *, tables: tuple[str, ...] = (), user: Optional[str] = None,
+              **kwargs: Any) -> PostgresClient:
+        settings = {"application_name": app} if user is None else {"application_name": app, "user": user}
+        client = PostgresClient(make_conninfo(postgres_db, **settings), **kwargs)
         clients.append(client)
         for table in tables:
             client.create_lock_table(table)

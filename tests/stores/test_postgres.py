@@ -239,9 +239,11 @@ def test_a_table_with_other_columns_is_refused_naming_both_column_lists(make_cli
     assert f"expected {list(pg_sql.RECORD_COLUMNS)}" in str(info.value)
 
 
-def public_tables(admin: psycopg.Connection) -> list[str]:
+def public_tables(admin: psycopg.Connection, lines: bool = False) -> list[str]:
+    """The tables in schema public: the lock and record tables, or (``lines``) the lines of waiters."""
     return [name for (name,) in admin.execute(
-        "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")]
+        "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")
+        if name.startswith("fastlease_line_") == lines]
 
 
 def test_lock_operations_on_a_missing_table_are_refused_and_create_nothing(make_client, admin):
@@ -254,7 +256,7 @@ def test_lock_operations_on_a_missing_table_are_refused_and_create_nothing(make_
         with IdempotentCall(client, table="orders", key="o-1") as call:
             call.complete({"ok": True})
     assert '"orders"' in str(info.value)  # the record table, the first it reads
-    assert public_tables(admin) == []
+    assert public_tables(admin) == [] and public_tables(admin, lines=True) == []
     assert client.lock_table_exists("missing") is False
     for read in (lambda: client.inspect("missing"), lambda: client.inspect("missing", "k"),
                  lambda: client.holder("missing", "k")):
@@ -268,6 +270,7 @@ def test_one_call_creates_both_tables_an_idempotent_call_needs(make_client, admi
     client = make_client()
     client.create_idempotency_table("payments")
     assert public_tables(admin) == ["payments", "payments_locks"]
+    assert public_tables(admin, lines=True) == [pg_sql.line_table("payments_locks").strip('"')]
     assert client.store.columns("payments_locks") == pg_sql.LOCK_COLUMNS
     with IdempotentCall(client, table="payments", key="p-1") as call:
         call.complete("paid")
@@ -285,6 +288,7 @@ def test_table_names_longer_than_63_characters_are_refused(make_client, admin):
         with pytest.raises(ValueError, match="at most 63 characters"):
             use()
     assert public_tables(admin) == ["t" * 63]  # not the 64-character name truncated onto it
+    assert public_tables(admin, lines=True) == [pg_sql.line_table("t" * 63).strip('"')]
 
 
 def test_injection_shaped_table_names_are_refused_by_the_alphabet(make_client, admin):
@@ -599,7 +603,7 @@ def test_a_forked_child_leaves_the_parents_connection_alone(make_client, admin, 
 
     assert in_forked_child(child) == ("read o" if child_does == "uses the client" else "closed")
     [(last_query,)] = admin.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,))
-    assert last_query.startswith("INSERT INTO"), f"the child's request ran on the parent's connection: {last_query}"
+    assert last_query.startswith("WITH put AS"), f"the child's request ran on the parent's connection: {last_query}"
     assert client.store.update_version_if("locks", "parent", "o", "v", "v2", 5.0, NO_USAGE) is True
     wait_until(lambda: backends(admin, "fl-fork") == [pid], BOUND_S, "only the parent's connection, the same one")
     assert admin.execute('SELECT key, owner, version FROM "locks"').fetchall() == [("parent", "o", "v2")]

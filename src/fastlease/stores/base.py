@@ -157,8 +157,14 @@ class ReleaseFeed(Protocol):
         ...
 
 
+#: How long a waiter keeps its place in a key's line after its last read (the server's clock). A waiter
+#: in line reads at least every 0.56 s (the engine's POLL_IN_LINE_MS, jittered), so only a dead, stopped
+#: or departed one loses it; its place is then skipped this long after its last read at most.
+LINE_ALIVE_MS = 1500
+
+
 class WaiterLine(Protocol):
-    """Optional, with a ReleaseFeed: a line of waiters per key, kept by the store (Redis). A client whose
+    """Optional, with a ReleaseFeed: a line of waiters per key, kept by the store (Redis, PostgreSQL). A client whose
     store has one sets ``client.engine.line``; a waiting lease then takes a place in the key's line with
     each read, and the store refuses every acquisition of the free key but that of the first live waiter,
     whose turn the release announces on the feed (a watch made with that waiter's id calls its ``turn``).

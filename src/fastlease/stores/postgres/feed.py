@@ -1,10 +1,12 @@
 """The PostgreSQL release feed: releases made by any process, reported to this one's waiters at once.
 
-Every release notifies its lock table's channel (``release_channel``) with the key, in the release's
-own statement, so the notification is delivered at its commit and only if the row was freed. A
-client that waits for a key LISTENs on the table's channel, on one connection of its own owned by one
-listener thread, and wakes its waiters on that key when the key's notification arrives; other
-processes then take their turn at once instead of at their next poll.
+Every release notifies, in the release's own statement, so the notification is delivered at its
+commit and only if the row was freed. Where the key's line of waiters has a live waiter, the release
+names the first of them, on the channel of that waiter's client (``turn_channel``: each feed has its
+own, which a waiter records with its place in line), so it wakes that client alone; with nobody in
+line, it notifies the lock table's channel (``release_channel``) with the key, which wakes every
+waiter of the key. A client that waits LISTENs, on one connection of its own owned by one listener
+thread, on its turn channel and on the channel of each table it waits in.
 
 As with Redis pub/sub, a notification is only a hint to look again: a lost one (a reconnect, a LISTEN
 not yet confirmed) leaves a waiter to its next poll, and it never admits anyone, since the waiter
@@ -14,16 +16,19 @@ must still win the conditional write. It never grants, extends or ends ownership
 from __future__ import annotations
 
 import hashlib
+import secrets
 import select
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
 
 if TYPE_CHECKING:  # annotations only
     from .session import Session
 
-__all__ = ["PostgresReleaseFeed", "Watch", "release_channel"]
+__all__ = ["PostgresReleaseFeed", "Watch", "release_channel", "turn_channel"]
+
+_RELEASE, _TURN = "fastlease_release_", "fastlease_turn_"  # how the channels' names begin
 
 #: The bound on the listener's LISTEN and UNLISTEN requests.
 REQUEST_TIMEOUT_S = 5.0
@@ -32,7 +37,13 @@ REQUEST_TIMEOUT_S = 5.0
 def release_channel(table: str) -> str:
     """The NOTIFY channel of a lock table's releases. A digest of the name, so that it fits the 63 bytes
     of an identifier whatever the name (a channel is per database, as the table is)."""
-    return "fastlease_release_" + hashlib.sha1(table.encode()).hexdigest()[:24]
+    return _RELEASE + hashlib.sha1(table.encode()).hexdigest()[:24]
+
+
+def turn_channel() -> str:
+    """A new feed's channel of turns: a release (or a waiter that leaves with the turn) notifies it
+    with the id of the waiter, of this feed's client, that is first in the key's line."""
+    return _TURN + secrets.token_hex(12)
 
 
 class ListenerLost(Exception):
@@ -57,11 +68,17 @@ class PostgresReleaseFeed(ListenerFeed):
     def __init__(self, store: Any) -> None:
         super().__init__()
         self._store = store
+        #: This client's channel of turns, which its waiters record with their places in line.
+        self.turn_name = turn_channel()
+        self._turns_heard = False  # our LISTEN on turn_name is confirmed on the current connection
 
-    def watch(self, table: str, key: str, wake: Callable[[], None]) -> Watch:
+    def watch(self, table: str, key: str, wake: Callable[[], None], waiter: Optional[str] = None,
+              turn: Optional[Callable[[], None]] = None) -> Watch:
         """Call ``wake()`` (on the listener thread; it must be quick and never raise) whenever ``key`` of
-        ``table`` is released, until ``unwatch``. Never raises and never waits."""
-        return self._watch(release_channel(table), (key, wake))
+        ``table`` is released to anyone, until ``unwatch``; with ``waiter`` (its id in the key's line), a
+        release that hands the turn to it calls ``turn()``. Never raises and never waits. The watch is
+        ready once both our LISTENs (the table's releases, our turns) are confirmed."""
+        return self._watch(release_channel(table), (key, wake), waiter, turn)
 
     def subscribed(self, table: str) -> bool:
         """True once the server has confirmed our LISTEN on ``table``'s releases."""
@@ -81,6 +98,7 @@ class PostgresReleaseFeed(ListenerFeed):
         session.close()
 
     def _forget_subscriptions(self) -> None:
+        self._turns_heard = False
         for channel in self._channels.values():
             channel.ready.clear()
             channel.listening = False
@@ -99,6 +117,9 @@ class PostgresReleaseFeed(ListenerFeed):
                         unlisten.append(name)
         for name in unlisten:
             session.run(b'UNLISTEN "%s"' % name.encode(), [], REQUEST_TIMEOUT_S, prepare=False)
+        if listen and not self._turns_heard:  # (kept while the connection lasts: turns are few)
+            session.run(b'LISTEN "%s"' % self.turn_name.encode(), [], REQUEST_TIMEOUT_S, prepare=False)
+            self._turns_heard = True
         for name in listen:
             session.run(b'LISTEN "%s"' % name.encode(), [], REQUEST_TIMEOUT_S, prepare=False)
             with self._lock:
@@ -124,8 +145,16 @@ class PostgresReleaseFeed(ListenerFeed):
                 return
             self._dispatch(notification.relname.decode(), notification.extra.decode("utf-8", "replace"))
 
-    def _dispatch(self, name: str, key: str) -> None:
+    def _dispatch(self, name: str, payload: str) -> None:
+        """A table's release channel carries the key released (its watchers on that key wake); our turn
+        channel, the id of the waiter of ours whose turn it is (that waiter alone wakes)."""
         with self._lock:
-            channel = self._channels.get(name)
-            wakes = [] if channel is None else [wake for watched, wake in channel.watchers.values() if watched == key]
+            if name == self.turn_name:
+                waiter = payload.encode()
+                turns = [channel.turns[waiter] for channel in self._channels.values() if waiter in channel.turns]
+                wakes = turns[:1]
+            else:
+                channel = self._channels.get(name)
+                wakes = [] if channel is None else [wake for watched, wake in channel.watchers.values()
+                                                    if watched == payload]
         self._wake_all(wakes)

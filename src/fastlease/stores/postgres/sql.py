@@ -90,6 +90,88 @@ FREE = """WITH held AS (
     RETURNING (SELECT waiting FROM held) AS waiting
 )
 SELECT waiting, pg_notify($3, $1) FROM freed"""
+#: The line of waiters of a lock table's keys (docs/protocol.md, "Waiting, polling and handoff"): one
+#: row per waiting acquisition, ordered by arrival on the server's clock; each read of the waiter pushes
+#: its ``alive_until`` LINE_ALIVE_MS ahead, and a waiter past it has lost its place. Made with the lock
+#: table, under a name derived from the lock table's (``line_table``). Only turns rest on it, never
+#: ownership: the acquisition's conditions are those of PUT_IF_ABSENT.
+LINE_TABLE_SCHEMA = """CREATE TABLE IF NOT EXISTS {line} (
+    key         text NOT NULL,
+    waiter      text NOT NULL,
+    channel     text NOT NULL,
+    arrived     timestamptz NOT NULL,
+    alive_until timestamptz NOT NULL,
+    PRIMARY KEY (key, waiter)
+)"""
+#: What an operator listing the tables reads about a line's (its name says nothing of its lock table's).
+LINE_TABLE_COMMENT = """COMMENT ON TABLE {line} IS 'fastlease: the line of waiters of lock table {name}'"""
+#: A waiter's read: waiter $2 takes a place at the end of key $1's line (or keeps its own) for $3 ms
+#: more, with $4, the channel that tells its client of its turn (feed.turn_channel); waiters of the key
+#: dead for as long again are dropped. The answer is the held row (NULLs when the key is free) and
+#: ``turn``: the key is free and no live waiter is ahead of $2.
+READ_IN_LINE = """WITH kept AS (
+    INSERT INTO {line} AS place (key, waiter, channel, arrived, alive_until)
+    VALUES ($1, $2, $4, clock_timestamp(), clock_timestamp() + $3::bigint * interval '1 millisecond')
+    ON CONFLICT (key, waiter) DO UPDATE SET alive_until = excluded.alive_until
+    RETURNING 1
+), dropped AS (
+    DELETE FROM {line} WHERE key = $1 AND waiter <> $2
+    AND alive_until < clock_timestamp() - $3::bigint * interval '1 millisecond'
+)
+SELECT held.owner, held.version, held.lease_ms, held.protocol, held.waiting, held.fence,
+    held.key IS NULL AND NOT EXISTS (
+        SELECT 1 FROM {line} other WHERE other.key = $1 AND other.waiter <> $2
+        AND other.alive_until > clock_timestamp()
+        AND (other.arrived, other.waiter) < (SELECT coalesce(max(mine.arrived), 'infinity'), $2::text
+                                            FROM {line} mine WHERE mine.key = $1 AND mine.waiter = $2)
+    ) AS turn
+FROM (SELECT 1) AS one LEFT JOIN {name} AS held ON held.key = $1 AND held.owner IS NOT NULL"""
+#: Acquire in turn: as PUT_IF_ABSENT ($3-$5: owner, version, lease_ms), for waiter $2, and refused while
+#: a live waiter is ahead of $2 in the key's line (anyone live, if $2 has no place in it). Applied, it
+#: takes $2 out of the line in the same statement.
+PUT_IN_TURN = """WITH put AS (
+    INSERT INTO {name} AS held (key, owner, version, lease_ms, protocol, waiting, fence)
+    SELECT $1::text, $3::text, $4::text, $5::bigint, 1, false, 1 WHERE NOT EXISTS (
+        SELECT 1 FROM {line} other WHERE other.key = $1 AND other.waiter <> $2
+        AND other.alive_until > clock_timestamp()
+        AND (other.arrived, other.waiter) < (SELECT coalesce(max(mine.arrived), 'infinity'), $2::text
+                                            FROM {line} mine WHERE mine.key = $1 AND mine.waiter = $2)
+    )
+    ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, version = excluded.version,
+        lease_ms = excluded.lease_ms, protocol = 1, waiting = false, fence = held.fence + 1
+    WHERE held.owner IS NULL
+    RETURNING fence
+), left_line AS (
+    DELETE FROM {line} WHERE key = $1 AND waiter = $2 AND EXISTS (SELECT 1 FROM put)
+)
+SELECT fence FROM put"""
+#: Release, where the table has a line: as FREE, but the notification goes to the first live waiter in
+#: the key's line alone, on the channel of its client with its id; with nobody live in line, to every
+#: waiter, on the table's release channel ($3) with the key.
+FREE_IN_LINE = """WITH held AS (
+    SELECT waiting FROM {name} WHERE key = $1 AND owner = $2 FOR UPDATE
+), freed AS (
+    UPDATE {name} SET owner = NULL, version = NULL, waiting = false
+    WHERE key = $1 AND owner = $2 AND EXISTS (SELECT 1 FROM held)
+    RETURNING (SELECT waiting FROM held) AS waiting
+), head AS (
+    SELECT waiter, channel FROM {line} WHERE key = $1 AND alive_until > clock_timestamp()
+    ORDER BY arrived, waiter LIMIT 1
+)
+SELECT waiting, CASE WHEN head.waiter IS NULL THEN pg_notify($3, $1) ELSE pg_notify(head.channel, head.waiter) END
+FROM freed LEFT JOIN head ON true"""
+#: Leave the line: waiter $2 gives up its place in key $1's line; if it had the turn (the key free and
+#: no live waiter ahead of it), the next live waiter's turn is announced on its client's channel.
+LEAVE_LINE = """WITH gone AS (
+    DELETE FROM {line} WHERE key = $1 AND waiter = $2 RETURNING arrived
+), head AS (
+    SELECT waiter, channel FROM {line} WHERE key = $1 AND waiter <> $2 AND alive_until > clock_timestamp()
+    ORDER BY arrived, waiter LIMIT 1
+)
+SELECT pg_notify(head.channel, head.waiter) FROM gone, head
+WHERE NOT EXISTS (SELECT 1 FROM {name} WHERE key = $1 AND owner IS NOT NULL)
+AND NOT EXISTS (SELECT 1 FROM {line} other WHERE other.key = $1 AND other.waiter <> $2
+    AND other.alive_until > clock_timestamp() AND (other.arrived, other.waiter) < (gone.arrived, $2::text))"""
 READ = """SELECT owner, version, lease_ms, protocol, waiting, fence FROM {name}
 WHERE key = $1 AND owner IS NOT NULL"""
 INSPECT = """SELECT key, owner, version, lease_ms, protocol, waiting, fence FROM {name}
@@ -169,6 +251,12 @@ def sql_identifier(table: str) -> str:
             f"so two names could be one table); got {len(table)}: {table!r:.80}"
         )
     return f'"{table}"'
+
+
+def line_table(table: str) -> str:
+    """The quoted name of lock table ``table``'s line of waiters: a digest of the name, so that it fits
+    63 bytes whatever the name's length."""
+    return '"fastlease_line_' + hashlib.sha1(table.encode()).hexdigest()[:24] + '"'
 
 
 def expiry_index_name(table: str) -> str:

@@ -18,7 +18,16 @@ import threading
 from typing import Any, Optional, Sequence
 
 from ...exceptions import StoreError, StoreRequestRejected
-from ..base import DELETED, DELETED_WITH_WAITERS, NOT_DELETED, LockRow, Record, UsageMeter, outcome_for_log
+from ..base import (
+    DELETED,
+    DELETED_WITH_WAITERS,
+    LINE_ALIVE_MS,
+    NOT_DELETED,
+    LockRow,
+    Record,
+    UsageMeter,
+    outcome_for_log,
+)
 from .feed import PostgresReleaseFeed, release_channel
 from .session import ALL_SESSIONS, Failure, Session, as_text
 from .sql import (
@@ -29,15 +38,21 @@ from .sql import (
     FINISH_FORMATS,
     FINISH_TYPES,
     FREE,
+    FREE_IN_LINE,
     HINTS,
     IDENTITY_BY_POSITION,
     INSPECT,
+    LEAVE_LINE,
+    LINE_TABLE_COMMENT,
+    LINE_TABLE_SCHEMA,
     LOCK_COLUMNS,
     LOCK_TABLE_SCHEMA,
     MARK_WAITING,
     PUT_IF_ABSENT,
+    PUT_IN_TURN,
     QUOTED_NAME,
     READ,
+    READ_IN_LINE,
     READ_RECORD,
     RECORD_COLUMNS,
     RECORD_EXPIRY_INDEX,
@@ -48,6 +63,7 @@ from .sql import (
     UPDATE_VERSION_IF,
     expiry_index_name,
     key_bytes,
+    line_table,
     sql_identifier,
 )
 
@@ -78,7 +94,10 @@ class PostgresStore:
         self.transaction_pooling = transaction_pooling
         #: The SQL of each (statement, table) used so far, formatted and encoded once.
         self._statements: dict[tuple[str, str, Optional[str]], bytes] = {}
-        self._release_channels: dict[str, bytes] = {}  # the NOTIFY channel of each lock table used
+        self._release_channels: dict[str, bytes] = {}  # the NOTIFY channel of each lock table's releases
+        # Lock tables without a line of waiters this client can use (made before there was one, or whose
+        # line our role may not write): their waiters are all woken by a release, as before the line.
+        self._lineless: set[str] = set()
         self._feed: Any = None
         self._idle: list[Session] = []
         self._lock = threading.Lock()
@@ -178,7 +197,7 @@ class PostgresStore:
         if statement is None:
             if len(self._statements) > 4096:  # tables named on the fly: keep the cache bounded
                 self._statements.clear()
-            text = (template.format(name=sql_identifier(table)) if records is None
+            text = (template.format(name=sql_identifier(table), line=line_table(table)) if records is None
                     else template.format(locks=sql_identifier(table), records=sql_identifier(records)))
             statement = self._statements[cache_key] = text.encode()
         return statement
@@ -187,13 +206,9 @@ class PostgresStore:
     def put_if_absent(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, timeout_s: float, usage: UsageMeter
     ) -> Optional[int]:
-        """Insert the row, or revive a freed one (its fence incremented), only if nobody holds the key.
-        The new fencing token, else None."""
-        statement = self._sql(PUT_IF_ABSENT, table)
-        result = self._request("put_if_absent", key, statement,
-                               [key_bytes(key), owner.encode(), version.encode(), b"%d" % lease_ms],
-                               timeout_s, True)
-        return _token(result)
+        """Insert the row, or revive a freed one (its fence incremented), only if nobody holds the key and
+        nobody live waits in its line (as a waiter with no place in it). The new fencing token, else None."""
+        return self.put_in_turn(table, key, owner, version, lease_ms, "", timeout_s, usage)
 
     def replace_if(
         self,
@@ -236,17 +251,74 @@ class PostgresStore:
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
     ) -> int:
         """Release: free the row (the fence counter stays) only if ``owner`` holds it, its old ``waiting``
-        hint read back by the same statement. ``DELETED`` or ``DELETED_WITH_WAITERS``, else
-        ``NOT_DELETED``."""
-        statement = self._sql(FREE, table)
+        hint read back by the same statement, which also announces the turn of the first live waiter in
+        the key's line (or, with nobody in line, the release to every waiter). ``DELETED`` or
+        ``DELETED_WITH_WAITERS``, else ``NOT_DELETED``."""
         channel = self._release_channels.get(table)
         if channel is None:
             channel = self._release_channels[table] = release_channel(table).encode()
-        result = self._request("delete_if_owner", key, statement, [key_bytes(key), owner.encode(), channel],
+        parameters = [key_bytes(key), owner.encode(), channel]
+        result = self._in_line("delete_if_owner", table, key, FREE_IN_LINE, parameters, FREE, parameters,
                                timeout_s, True)
         if result.ntuples == 0:
             return NOT_DELETED
         return DELETED_WITH_WAITERS if result.get_value(0, 0) == b"t" else DELETED
+
+    # ---- the line of waiters (stores/base.py's WaiterLine) -------------------------------------------
+    def read_in_line(
+        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter
+    ) -> tuple[Optional[LockRow], bool]:
+        """As ``read``, and ``waiter`` takes a place at the end of the key's line (or keeps its own) for
+        LINE_ALIVE_MS more. The row, and whether the key is free and ``waiter`` first among the live."""
+        if table in self._lineless:
+            return self.read(table, key, timeout_s, usage), False
+        parameters = [key_bytes(key), waiter.encode(), b"%d" % LINE_ALIVE_MS, self.release_feed.turn_name.encode()]
+        result = self._in_line("read_in_line", table, key, READ_IN_LINE, parameters, READ, parameters[:1],
+                               timeout_s, False)
+        if result.nfields == 6:  # the table has no line: the plain read answered
+            return (None if result.ntuples == 0 else _row(result, 0, 0)), False
+        if result.get_value(0, 0) is None:
+            return None, result.get_value(0, 6) == b"t"
+        return _row(result, 0, 0), False
+
+    def put_in_turn(
+        self, table: str, key: str, owner: str, version: str, lease_ms: int, waiter: str, timeout_s: float,
+        usage: UsageMeter,
+    ) -> Optional[int]:
+        """As ``put_if_absent``, also refused while a live waiter is ahead of ``waiter`` in the key's line
+        (anyone live, if it has no place); applied, it takes ``waiter`` out of the line in the same
+        statement. The new fencing token, else None."""
+        data = [owner.encode(), version.encode(), b"%d" % lease_ms]
+        result = self._in_line("put_in_turn", table, key, PUT_IN_TURN, [key_bytes(key), waiter.encode(), *data],
+                               PUT_IF_ABSENT, [key_bytes(key), *data], timeout_s, True)
+        return _token(result)
+
+    def leave_line(self, table: str, key: str, waiter: str, timeout_s: float) -> None:
+        """``waiter`` gives up its place; if it had the turn and the key is free, the next is announced."""
+        if table not in self._lineless:
+            parameters = [key_bytes(key), waiter.encode()]
+            self._in_line("leave_line", table, key, LEAVE_LINE, parameters, None, [], timeout_s, True)
+
+    def _in_line(self, operation: str, table: str, key: str, template: str, parameters: list[Any],
+                 plain: Optional[str], plain_parameters: list[Any], timeout_s: float, write: bool) -> Any:
+        """Run ``template`` (a statement that uses the table's line); where the line is missing or our role
+        may not use it, remember so, warn once, and run ``plain`` (its step without the line) instead."""
+        if table not in self._lineless:
+            try:
+                return self._request(operation, key, self._sql(template, table), parameters, timeout_s, write)
+            except StoreRequestRejected as error:
+                # Only the server's own words about the line table: the message we add names every table.
+                failure = error.__cause__
+                if not (isinstance(failure, Failure) and failure.sqlstate in ("42P01", "42501")
+                        and line_table(table).strip('"') in str(failure)):
+                    raise
+                self._lineless.add(table)
+                _log.warning("lock table %r has no line of waiters this client can use (%s): a release wakes "
+                             "every waiter; run create_lock_table again to add it (docs/operations.md)",
+                             table, error)
+        if plain is None:
+            return None
+        return self._request(operation, key, self._sql(plain, table), plain_parameters, timeout_s, write)
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
         """The held row of ``key``, or None."""
@@ -290,6 +362,11 @@ class PostgresStore:
                 f"PostgreSQL table {table!r} exists with other columns than a fastlease {kind} table: "
                 f"found {list(found)}, expected {list(columns)}; use another name, or drop it"
             )
+        if not records:  # (after the check: a table refused leaves nothing made)
+            line = line_table(table)
+            self._create(table, LINE_TABLE_SCHEMA.format(line=line), timeout_s)
+            self._create(table, LINE_TABLE_COMMENT.format(line=line, name=name), timeout_s)
+            self._lineless.discard(table)
         if records:
             self._create(table, RECORD_EXPIRY_INDEX.format(index=expiry_index_name(table), name=name), timeout_s)
 

@@ -26,15 +26,13 @@ collide whatever ``K`` holds):
 from __future__ import annotations
 
 from .._digest import constructor
+from ..base import LINE_ALIVE_MS
 
 _sha1 = constructor("sha1")  # EVALSHA's name of a script, without loading OpenSSL (see _digest)
 
 PREFIX = "fastlease"
 
-#: How long a waiter keeps its place in a key's line after its last read (the server's clock). A waiter
-#: in line reads at least every 0.56 s (the engine's POLL_IN_LINE_MS, jittered), so only a dead, stopped
-#: or departed one loses it; its place is then skipped this long after its last read at most.
-ALIVE_MS = 1500
+ALIVE_MS = LINE_ALIVE_MS  # how long a waiter keeps its place after its last read (stores/base.py)
 
 # ---------------------------------------------------------------------------------------------
 # The scripts. Each one is the whole of one protocol step, atomic on the server. They check
