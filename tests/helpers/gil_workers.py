@@ -18,7 +18,8 @@ from typing import Any, Dict, List
 from helpers.mp_workers import _outcome, _report_error, describe, expect, fastlease_client, hold_in_block, ready_for
 
 #: The calibration: sums of at least CALIBRATION_RUN_S each, for CALIBRATION_S in all; the fastest counts
-#: (this machine's speed varies from one moment to the next: scaled from the fastest, the call errs long).
+#: (this machine's speed varies from one moment to the next). Even scaled from the fastest, one long sum
+#: comes out shorter than aimed, by up to a fifth here: callers aim above the length they need.
 CALIBRATION_RUN_S = 0.05
 CALIBRATION_S = 1.0
 
