@@ -270,12 +270,10 @@ class PostgresStore:
     ) -> tuple[Optional[LockRow], bool]:
         """As ``read``, and ``waiter`` takes a place at the end of the key's line (or keeps its own) for
         LINE_ALIVE_MS more. The row, and whether the key is free and ``waiter`` first among the live."""
-        if table in self._lineless:
-            return self.read(table, key, timeout_s, usage), False
         parameters = [key_bytes(key), waiter.encode(), b"%d" % LINE_ALIVE_MS, self.release_feed.turn_name.encode()]
         result = self._in_line("read_in_line", table, key, READ_IN_LINE, parameters, READ, parameters[:1],
                                timeout_s, False)
-        if result.nfields == 6:  # the table has no line: the plain read answered
+        if result.nfields == 6:  # the table has no line (_in_line): the plain read answered
             return (None if result.ntuples == 0 else _row(result, 0, 0)), False
         if result.get_value(0, 0) is None:
             return None, result.get_value(0, 6) == b"t"
@@ -295,9 +293,8 @@ class PostgresStore:
 
     def leave_line(self, table: str, key: str, waiter: str, timeout_s: float) -> None:
         """``waiter`` gives up its place; if it had the turn and the key is free, the next is announced."""
-        if table not in self._lineless:
-            parameters = [key_bytes(key), waiter.encode()]
-            self._in_line("leave_line", table, key, LEAVE_LINE, parameters, None, [], timeout_s, True)
+        self._in_line("leave_line", table, key, LEAVE_LINE, [key_bytes(key), waiter.encode()], None, [], timeout_s,
+                      True)
 
     def _in_line(self, operation: str, table: str, key: str, template: str, parameters: list[Any],
                  plain: Optional[str], plain_parameters: list[Any], timeout_s: float, write: bool) -> Any:
