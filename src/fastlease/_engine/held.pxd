@@ -77,6 +77,8 @@ cdef class HeldLease(Renewable):
     cdef object _feed
     cdef object _watch
     cdef object _line
+    cdef object _line_key
+    cdef object _freed_key
     cdef object _waiter
     cdef bint _turn
     cdef int64_t _writes, _reads, _conditional_failures, _request_failures

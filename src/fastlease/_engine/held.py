@@ -150,14 +150,13 @@ class HeldLease(Renewable):
         # turn we saw a mark we had not made. Caller only.
         self._others_waiting = False
         self._marked_owner: Optional[str] = None  # the holder whose row we marked; caller only
-        # Set by cancel() from any thread (an async task was cancelled); read by the caller's thread.
-        self._cancelled = False
+        self._cancelled = False  # set by cancel() from any thread (a cancelled task); read by the caller's
         self._ticket: Optional[threading.Event] = None  # our place in the client's wait queue; caller
         self._watch: Any = None  # our watch on the store's release feed while waiting; caller only
         self._waiter: Optional[str] = None  # our id in the store's line of waiters for the key; caller only
-        # The key is free and it is our turn in its line (the feed's listener sets it on a release to us,
-        # a read in line when it finds so): the next attempt writes first.
+        # Our turn in the key's line (set by the feed on a release to us, or a read in line): write first.
         self._turn = False
+        self._freed_key: Optional[str] = None  # the slot key whose release gave us the turn (a semaphore's)
 
     def _init_counters(self) -> None:
         """The request counters behind ``metrics``, each written by one thread, all at zero."""
@@ -194,6 +193,7 @@ class HeldLease(Renewable):
         # The store's feed of releases made anywhere (Redis pub/sub), or None; our watch while waiting.
         self._feed = engine.release_feed
         self._line = engine.line  # the store, where it keeps a line of waiters per key; else None
+        self._line_key: Optional[str] = None  # the key whose line we wait in and wake, if not ours (SlotLease)
         # The client's renewal process (``_renewal_link.RenewalLink``), or None: renewals stay here.
         self._link = engine.link
         # Told of every confirmed renewal (the renewal process reports them to the holder), or None.

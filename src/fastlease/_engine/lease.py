@@ -63,7 +63,8 @@ class Lease(WaitingLease):
         reached = False  # some attempt got an answer from the store
         signals = self._signals
         acquired = False
-        if self.wait_ms and self._line is not None and not self._kind:  # (a semaphore's slots keep no line)
+        # (A semaphore's waiters stand in the semaphore key's line, where the store can name it beside a slot's.)
+        if self.wait_ms and self._line is not None and (not self._kind or self._line_key is not None):
             self._waiter = new_token()  # our place in the store's line for the key, if we have to wait
         try:
             # The store's line takes turns on its own; without one, a returning releaser lets others go first.
@@ -199,7 +200,7 @@ class Lease(WaitingLease):
         try:
             if in_line and self._waiter is not None:
                 row, self._turn = self._line.read_in_line(self.table, self.key, self._waiter,
-                                                          self._timeout_s(deadline_ns, now_ns), self)
+                                                          self._timeout_s(deadline_ns, now_ns), self, self._line_key)
                 return row
             return self._store.read(self.table, self.key, self._timeout_s(deadline_ns, now_ns), self)
         except StoreError:
@@ -219,9 +220,12 @@ class Lease(WaitingLease):
         timeout_s = self._timeout_s(deadline_ns, mono_ns)
         self._writes += 1
         try:
-            if seen_owner is None and self._waiter is not None:
-                applied = self._line.put_in_turn(
-                    self.table, self.key, owner, version, self.lease_ms, self._waiter, timeout_s, self
+            if seen_owner is None and (self._waiter is not None or self._line_key is not None):
+                # (A slot's put, even without a place in line, is checked against the semaphore's line, as
+                # a lock's put against its key's own.)
+                applied = self._store.put_in_turn(
+                    self.table, self.key, owner, version, self.lease_ms, self._waiter or "", timeout_s, self,
+                    self._line_key,
                 )
             elif seen_owner is None:
                 applied = self._store.put_if_absent(
@@ -505,7 +509,11 @@ class Lease(WaitingLease):
                 if write is None:
                     self._writes += 1
                     timeout_s = self._timeout_s(deadline_ns, now_ns)
-                    deletion = self._store.delete_if_owner(self.table, self.key, owner, timeout_s, self)
+                    if self._line_key is None:
+                        deletion = self._store.delete_if_owner(self.table, self.key, owner, timeout_s, self)
+                    else:  # a slot's release wakes the head of the semaphore's line
+                        deletion = self._store.free_in_line(self.table, self.key, owner, self._line_key, timeout_s,
+                                                            self)
                     if type(deletion) is not int or not NOT_DELETED <= deletion <= DELETED_WITH_WAITERS:
                         raise TypeError(f"{type(self._store).__name__} answered a release with {deletion!r:.80}; "
                                         "a LockStore returns NOT_DELETED, DELETED or DELETED_WITH_WAITERS")

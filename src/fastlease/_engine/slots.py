@@ -5,10 +5,16 @@ A semaphore of limit N is N lease keys, its slots: the key itself, then ``<key>#
 ``<key>#slot<N-1>``. Holding a slot is holding a lease on its key, so everything the protocol says
 of a lease holds for it unchanged (validity, renewal and the renewal process, takeover only after a
 whole lease of an unchanged row, reconciliation, the slot's own fencing token, release), and at most
-N holders are valid at once because at most one is valid per slot. This module adds only which key
+N holders are valid at once because at most one is valid per slot. This module adds which key
 an attempt writes: the slots in order, from the first, until one is held. The slots' holders write
 owner ids that begin ``sem:<limit>:``, which is how a lock and a semaphore, or two limits, on one
 key refuse each other (``keys.check_holder_kind``).
+
+Where the store can name two keys in one step (``WaiterLine.shared_lines``: Redis on one node,
+PostgreSQL), the semaphore keeps one line of waiters, on its key: a waiter's reads of any slot keep its
+place there, a put on any slot is refused while a live waiter is ahead, and a slot's release wakes the
+head of that line alone. Elsewhere (Redis Cluster, whose slots' keys hash apart) a slot's release wakes
+every waiter, which reads.
 """
 
 from __future__ import annotations
@@ -91,6 +97,10 @@ class SlotLease(Lease):
         self.owner_prefix = f"{self._kind}{identity}/"
         self._signal_key = (self.table, "\x00semaphore\x00" + key)  # (NUL: no lock's key can be it)
         self._slot_watches: list[Any] = []  # the release feed's watches of the slots the lease's own does not watch
+        if getattr(self._store, "shared_lines", False):
+            # The semaphore's line, kept on its key (slot 0's): waiters stand in it whichever slot they read,
+            # a put on any slot is checked against it, and a slot's release wakes its head alone.
+            self._line_key = keys[0]
 
     def acquire(self) -> None:
         """A lease's acquisition of the first free slot; the release feed's watches of the other slots
@@ -104,11 +114,20 @@ class SlotLease(Lease):
 
     def _attempt(self, deadline_ns: int) -> bool:
         """One step: each slot in order, from the first, as a lease's attempt; True once one is held.
-        A write of unknown outcome is reconciled first: the step then starts at its slot. When every
-        slot is held, ``_hint_ns`` is the shortest wait that any slot's holder asked for."""
+        A write of unknown outcome is reconciled first: the step then starts at its slot. A turn given by
+        a slot's release starts at that slot, and goes round to the others. When every slot is held,
+        ``_hint_ns`` is the shortest wait that any slot's holder asked for."""
         first = self.slot if self._pending is not None else 0
+        count = self.limit - first
+        freed, self._freed_key = self._freed_key, None
+        if freed is not None and self._turn and self._pending is None:
+            if freed in self._slot_keys:
+                first, count = self._slot_keys.index(freed), self.limit
+            else:  # a put in turn passed the turn on, naming no slot: read them, rather than put blind
+                self._turn = False
         hint_ns = -1
-        for slot in range(first, self.limit):
+        for step in range(count):
+            slot = (first + step) % self.limit
             self._aim(slot)
             if Lease._attempt(self, deadline_ns):
                 return True
@@ -121,9 +140,10 @@ class SlotLease(Lease):
         return False
 
     def _wait_turn(self, signals: ReleaseSignals, delay_ns: int, after_attempt: bool) -> None:
-        """A lease's wait, woken by the release of any slot: where the store has a release feed, the
-        first wait also watches every slot but the one the lease's own watch is on (the current one)."""
-        if self._feed is not None and self._watch is None:
+        """A lease's wait, woken by the release of any slot. In the semaphore's line, the lease's own watch
+        (on the semaphore's key) hears the turn. Without one, where the store has a release feed, the first
+        wait also watches every slot but the one the lease's own watch is on (the current one)."""
+        if self._feed is not None and self._watch is None and self._waiter is None:
             self._slot_watches = [self._feed.watch(self.table, key, self._wake_on_release)
                                   for key in self._slot_keys if key != self.key]
         Lease._wait_turn(self, signals, delay_ns, after_attempt)

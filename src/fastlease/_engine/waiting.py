@@ -79,10 +79,11 @@ class WaitingLease(HeldLease):
         if self._ticket is None:
             self._ticket = threading.Event()
         if self._watch is None and self._feed is not None:
+            watched = self.key if self._line_key is None else self._line_key  # (where our turn is announced)
             if self._waiter is None:
-                watch = self._watch = self._feed.watch(self.table, self.key, self._wake_on_release)
+                watch = self._watch = self._feed.watch(self.table, watched, self._wake_on_release)
             else:
-                watch = self._watch = self._feed.watch(self.table, self.key, self._wake_on_release, self._waiter,
+                watch = self._watch = self._feed.watch(self.table, watched, self._wake_on_release, self._waiter,
                                                        self._wake_in_turn)
             if not watch.was_ready:
                 # A new subscription: a release between our last read and the server's confirmation
@@ -97,8 +98,10 @@ class WaitingLease(HeldLease):
         """The feed saw the key released somewhere: wake this client's oldest waiter on it."""
         self._signals.notify(self._signal_key)
 
-    def _wake_in_turn(self) -> None:
-        """The feed saw the key released to us, the head of its line: write at once, without a read."""
+    def _wake_in_turn(self, freed: Optional[str] = None) -> None:
+        """The feed saw the key released to us, the head of its line: write at once, without a read (a
+        semaphore's waiter is told which slot's key was ``freed``, and writes there)."""
+        self._freed_key = freed
         self._turn = True
         ticket = self._ticket
         if ticket is not None:
@@ -134,7 +137,8 @@ class WaitingLease(HeldLease):
         """The wait ended without the lease: give up our place in the key's line (waking the next waiter
         if we had the turn). Best effort: a place not given up is skipped after the store's ALIVE_MS."""
         try:
-            self._line.leave_line(self.table, self.key, self._waiter, request_timeout_ns(self.lease_ms) / 1e9)
+            self._line.leave_line(self.table, self.key, self._waiter, request_timeout_ns(self.lease_ms) / 1e9,
+                                  self._line_key)
         except StoreError as error:
             _log.debug("leaving the line for %r failed: %s", self.key, error)
 

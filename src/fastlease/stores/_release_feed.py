@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from functools import partial
 
 TYPE_CHECKING = False  # typing is not imported at run time (the renewal process imports this module)
 if TYPE_CHECKING:
@@ -135,11 +136,16 @@ class ListenerFeed:
     @staticmethod
     def wakes_for(channel: WatchedChannel, payload: Any) -> list[Callable[[], None]]:
         """Under the lock: whom one message wakes. A message that names a waiter in the key's line wakes
-        that waiter alone (none, if it waits in another process); any other ("1") wakes every watcher."""
+        that waiter alone (none, if it waits in another process), told the key released where the message
+        adds it after a space (a semaphore's slot); any other ("1") wakes every watcher."""
         if payload == b"1" or not isinstance(payload, bytes):
             return list(channel.watchers.values())
         turn = channel.turns.get(payload)
-        return [] if turn is None else [turn]
+        if turn is not None:
+            return [turn]
+        waiter, space, freed = payload.partition(b" ")
+        turn = channel.turns.get(waiter) if space else None
+        return [] if turn is None else [partial(turn, freed.decode("utf-8", "replace"))]
 
     def _wake_all(self, wakes: list[Callable[[], None]]) -> None:
         """Call the wakes of one message (outside the lock: a wake only sets events)."""

@@ -168,24 +168,40 @@ class WaiterLine(Protocol):
     store has one sets ``client.engine.line``; a waiting lease then takes a place in the key's line with
     each read, and the store refuses every acquisition of the free key but that of the first live waiter,
     whose turn the release announces on the feed (a watch made with that waiter's id calls its ``turn``).
-    Only liveness rests on it: the acquisition's write and its conditions are unchanged."""
+    Only liveness rests on it: the acquisition's write and its conditions are unchanged.
+
+    ``line_key`` names another key's line to stand in, put against and wake (a semaphore's slots share the
+    semaphore key's), where ``shared_lines`` says the store can name both in one step; None, the key's own."""
+
+    #: Whether ``line_key`` may name another key than ``key`` (False on Redis Cluster: another key's line
+    #: may live on another node).
+    shared_lines: bool
 
     def read_in_line(
-        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter
+        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter, line_key: Optional[str] = None
     ) -> tuple[Optional[LockRow], bool]:
-        """As ``read``, and ``waiter`` takes a place at the end of the key's line (or keeps its own) for
-        a bounded time. The row, and whether the key is free and ``waiter`` first in line."""
+        """As ``read``, and ``waiter`` takes a place at the end of the line (or keeps its own) for a bounded
+        time. The row, and whether the key is free and ``waiter`` first in line."""
         ...
 
     def put_in_turn(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, waiter: str, timeout_s: float,
-        usage: UsageMeter,
+        usage: UsageMeter, line_key: Optional[str] = None,
     ) -> Optional[int]:
         """As ``put_if_absent``, also refused unless nobody waits in line or ``waiter`` is first among the
         live waiters; a put that is applied takes ``waiter`` out of the line in the same step."""
         ...
 
-    def leave_line(self, table: str, key: str, waiter: str, timeout_s: float) -> None:
+    def free_in_line(
+        self, table: str, key: str, owner: str, line_key: str, timeout_s: float, usage: UsageMeter
+    ) -> int:
+        """As ``delete_if_owner``, and the release wakes the first live waiter of ``line_key``'s line alone
+        (with nobody in it, every waiter on ``key``)."""
+        ...
+
+    def leave_line(
+        self, table: str, key: str, waiter: str, timeout_s: float, line_key: Optional[str] = None
+    ) -> None:
         """``waiter`` gives up its place; if it had the turn and the key is free, the next is woken."""
         ...
 

@@ -19,6 +19,7 @@ import hashlib
 import secrets
 import select
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
@@ -147,12 +148,14 @@ class PostgresReleaseFeed(ListenerFeed):
 
     def _dispatch(self, name: str, payload: str) -> None:
         """A table's release channel carries the key released (its watchers on that key wake); our turn
-        channel, the id of the waiter of ours whose turn it is (that waiter alone wakes)."""
+        channel, the id of the waiter of ours whose turn it is (that waiter alone wakes), followed by a space
+        and the key released when that is a semaphore's slot (the waiter is told it)."""
         with self._lock:
             if name == self.turn_name:
-                waiter = payload.encode()
-                turns = [channel.turns[waiter] for channel in self._channels.values() if waiter in channel.turns]
-                wakes = turns[:1]
+                waiter, space, freed = payload.partition(" ")
+                turns = [channel.turns[waiter.encode()] for channel in self._channels.values()
+                         if waiter.encode() in channel.turns]
+                wakes = [partial(turn, freed) for turn in turns[:1]] if space else turns[:1]
             else:
                 channel = self._channels.get(name)
                 wakes = [] if channel is None else [wake for watched, wake in channel.watchers.values()

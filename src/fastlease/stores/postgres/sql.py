@@ -105,49 +105,62 @@ LINE_TABLE_SCHEMA = """CREATE TABLE IF NOT EXISTS {line} (
 )"""
 #: What an operator listing the tables reads about a line's (its name says nothing of its lock table's).
 LINE_TABLE_COMMENT = """COMMENT ON TABLE {line} IS 'fastlease: the line of waiters of lock table {name}'"""
-#: A waiter's read: waiter $2 takes a place at the end of key $1's line (or keeps its own) for $3 ms
-#: more, with $4, the channel that tells its client of its turn (feed.turn_channel); waiters of the key
-#: dead for as long again are dropped. The answer is the held row (NULLs when the key is free) and
-#: ``turn``: the key is free and no live waiter is ahead of $2.
+#: A waiter's read: waiter $2 takes a place at the end of the line of key $5 (key $1's own, or its
+#: semaphore's) or keeps its own for $3 ms more, with $4, the channel that tells its client of its turn
+#: (feed.turn_channel); waiters in that line dead for as long again are dropped. The answer is key $1's
+#: held row (NULLs when the key is free) and ``turn``: the key is free and no live waiter is ahead of $2.
 READ_IN_LINE = """WITH kept AS (
     INSERT INTO {line} AS place (key, waiter, channel, arrived, alive_until)
-    VALUES ($1, $2, $4, clock_timestamp(), clock_timestamp() + $3::bigint * interval '1 millisecond')
+    VALUES ($5, $2, $4, clock_timestamp(), clock_timestamp() + $3::bigint * interval '1 millisecond')
     ON CONFLICT (key, waiter) DO UPDATE SET alive_until = excluded.alive_until
     RETURNING 1
 ), dropped AS (
-    DELETE FROM {line} WHERE key = $1 AND waiter <> $2
+    DELETE FROM {line} WHERE key = $5 AND waiter <> $2
     AND alive_until < clock_timestamp() - $3::bigint * interval '1 millisecond'
 )
 SELECT held.owner, held.version, held.lease_ms, held.protocol, held.waiting, held.fence,
     held.key IS NULL AND NOT EXISTS (
-        SELECT 1 FROM {line} other WHERE other.key = $1 AND other.waiter <> $2
+        SELECT 1 FROM {line} other WHERE other.key = $5 AND other.waiter <> $2
         AND other.alive_until > clock_timestamp()
         AND (other.arrived, other.waiter) < (SELECT coalesce(max(mine.arrived), 'infinity'), $2::text
-                                            FROM {line} mine WHERE mine.key = $1 AND mine.waiter = $2)
+                                            FROM {line} mine WHERE mine.key = $5 AND mine.waiter = $2)
     ) AS turn
 FROM (SELECT 1) AS one LEFT JOIN {name} AS held ON held.key = $1 AND held.owner IS NOT NULL"""
 #: Acquire in turn: as PUT_IF_ABSENT ($3-$5: owner, version, lease_ms), for waiter $2, and refused while
-#: a live waiter is ahead of $2 in the key's line (anyone live, if $2 has no place in it). Applied, it
-#: takes $2 out of the line in the same statement.
+#: a live waiter is ahead of $2 in the line of key $6 (key $1's own, or its semaphore's; anyone live, if
+#: $2 has no place in it). Applied, it takes $2 out of the line in the same statement.
 PUT_IN_TURN = """WITH put AS (
     INSERT INTO {name} AS held (key, owner, version, lease_ms, protocol, waiting, fence)
     SELECT $1::text, $3::text, $4::text, $5::bigint, 1, false, 1 WHERE NOT EXISTS (
-        SELECT 1 FROM {line} other WHERE other.key = $1 AND other.waiter <> $2
+        SELECT 1 FROM {line} other WHERE other.key = $6 AND other.waiter <> $2
         AND other.alive_until > clock_timestamp()
         AND (other.arrived, other.waiter) < (SELECT coalesce(max(mine.arrived), 'infinity'), $2::text
-                                            FROM {line} mine WHERE mine.key = $1 AND mine.waiter = $2)
+                                            FROM {line} mine WHERE mine.key = $6 AND mine.waiter = $2)
     )
     ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, version = excluded.version,
         lease_ms = excluded.lease_ms, protocol = 1, waiting = false, fence = held.fence + 1
     WHERE held.owner IS NULL
     RETURNING fence
 ), left_line AS (
-    DELETE FROM {line} WHERE key = $1 AND waiter = $2 AND EXISTS (SELECT 1 FROM put)
+    DELETE FROM {line} WHERE key = $6 AND waiter = $2 AND EXISTS (SELECT 1 FROM put)
 )
 SELECT fence FROM put"""
+#: What a put in turn on a semaphore's slot adds (PUT_IN_TURN_PASSING): applied, it announces the turn of
+#: the next live waiter of the semaphore's line ($6), as another slot may be free too; its id and a space,
+#: with no slot named (the waiter looks at every slot).
+PASS_TURN_ON = """
+), passed AS (
+    SELECT pg_notify(head.channel, head.waiter || ' ') FROM (
+        SELECT waiter, channel FROM {line} WHERE key = $6 AND waiter <> $2 AND alive_until > clock_timestamp()
+        ORDER BY arrived, waiter LIMIT 1
+    ) AS head WHERE EXISTS (SELECT 1 FROM put)
+)
+SELECT fence FROM put LEFT JOIN passed ON true"""
+PUT_IN_TURN_PASSING = PUT_IN_TURN.replace("\n)\nSELECT fence FROM put", PASS_TURN_ON, 1)
 #: Release, where the table has a line: as FREE, but the notification goes to the first live waiter in
-#: the key's line alone, on the channel of its client with its id; with nobody live in line, to every
-#: waiter, on the table's release channel ($3) with the key.
+#: the line of key $4 (key $1's own, or its semaphore's) alone, on the channel of its client with its id
+#: (for a semaphore's line, followed by a space and the key released, which the waiter then tries first);
+#: with nobody live in line, to every waiter, on the table's release channel ($3) with the key.
 FREE_IN_LINE = """WITH held AS (
     SELECT waiting FROM {name} WHERE key = $1 AND owner = $2 FOR UPDATE
 ), freed AS (
@@ -155,22 +168,24 @@ FREE_IN_LINE = """WITH held AS (
     WHERE key = $1 AND owner = $2 AND EXISTS (SELECT 1 FROM held)
     RETURNING (SELECT waiting FROM held) AS waiting
 ), head AS (
-    SELECT waiter, channel FROM {line} WHERE key = $1 AND alive_until > clock_timestamp()
+    SELECT waiter, channel FROM {line} WHERE key = $4 AND alive_until > clock_timestamp()
     ORDER BY arrived, waiter LIMIT 1
 )
-SELECT waiting, CASE WHEN head.waiter IS NULL THEN pg_notify($3, $1) ELSE pg_notify(head.channel, head.waiter) END
+SELECT waiting, CASE WHEN head.waiter IS NULL THEN pg_notify($3, $1)
+    WHEN $4 = $1 THEN pg_notify(head.channel, head.waiter) ELSE pg_notify(head.channel, head.waiter || ' ' || $1) END
 FROM freed LEFT JOIN head ON true"""
-#: Leave the line: waiter $2 gives up its place in key $1's line; if it had the turn (the key free and
-#: no live waiter ahead of it), the next live waiter's turn is announced on its client's channel.
+#: Leave the line: waiter $2 gives up its place in the line of key $3 (key $1's own, or its semaphore's);
+#: if it had the turn (key $1 free and no live waiter ahead of it), the next live waiter's turn is
+#: announced on its client's channel.
 LEAVE_LINE = """WITH gone AS (
-    DELETE FROM {line} WHERE key = $1 AND waiter = $2 RETURNING arrived
+    DELETE FROM {line} WHERE key = $3 AND waiter = $2 RETURNING arrived
 ), head AS (
-    SELECT waiter, channel FROM {line} WHERE key = $1 AND waiter <> $2 AND alive_until > clock_timestamp()
+    SELECT waiter, channel FROM {line} WHERE key = $3 AND waiter <> $2 AND alive_until > clock_timestamp()
     ORDER BY arrived, waiter LIMIT 1
 )
 SELECT pg_notify(head.channel, head.waiter) FROM gone, head
 WHERE NOT EXISTS (SELECT 1 FROM {name} WHERE key = $1 AND owner IS NOT NULL)
-AND NOT EXISTS (SELECT 1 FROM {line} other WHERE other.key = $1 AND other.waiter <> $2
+AND NOT EXISTS (SELECT 1 FROM {line} other WHERE other.key = $3 AND other.waiter <> $2
     AND other.alive_until > clock_timestamp() AND (other.arrived, other.waiter) < (gone.arrived, $2::text))"""
 READ = """SELECT owner, version, lease_ms, protocol, waiting, fence FROM {name}
 WHERE key = $1 AND owner IS NOT NULL"""

@@ -50,6 +50,7 @@ from .sql import (
     MARK_WAITING,
     PUT_IF_ABSENT,
     PUT_IN_TURN,
+    PUT_IN_TURN_PASSING,
     QUOTED_NAME,
     READ,
     READ_IN_LINE,
@@ -76,6 +77,8 @@ class PostgresStore:
 
     kind = "postgres"  # in stores.registry
     blocking = True
+    #: One statement may name a slot's row and its semaphore's line (stores/base.py's WaiterLine).
+    shared_lines = True
 
     #: The largest serialised result a record holds here (bytea's limit is 1 GB; records stay well under).
     max_result_bytes = 100_000_000
@@ -254,11 +257,18 @@ class PostgresStore:
         hint read back by the same statement, which also announces the turn of the first live waiter in
         the key's line (or, with nobody in line, the release to every waiter). ``DELETED`` or
         ``DELETED_WITH_WAITERS``, else ``NOT_DELETED``."""
+        return self.free_in_line(table, key, owner, key, timeout_s, usage)
+
+    def free_in_line(
+        self, table: str, key: str, owner: str, line_key: str, timeout_s: float, usage: UsageMeter
+    ) -> int:
+        """As ``delete_if_owner``, the turn announced being that of the first live waiter in ``line_key``'s
+        line (a semaphore's, for its slots)."""
         channel = self._release_channels.get(table)
         if channel is None:
             channel = self._release_channels[table] = release_channel(table).encode()
-        parameters = [key_bytes(key), owner.encode(), channel]
-        result = self._in_line("delete_if_owner", table, key, FREE_IN_LINE, parameters, FREE, parameters,
+        parameters = [key_bytes(key), owner.encode(), channel, key_bytes(line_key)]
+        result = self._in_line("delete_if_owner", table, key, FREE_IN_LINE, parameters, FREE, parameters[:3],
                                timeout_s, True)
         if result.ntuples == 0:
             return NOT_DELETED
@@ -266,11 +276,13 @@ class PostgresStore:
 
     # ---- the line of waiters (stores/base.py's WaiterLine) -------------------------------------------
     def read_in_line(
-        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter
+        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter, line_key: Optional[str] = None
     ) -> tuple[Optional[LockRow], bool]:
-        """As ``read``, and ``waiter`` takes a place at the end of the key's line (or keeps its own) for
-        LINE_ALIVE_MS more. The row, and whether the key is free and ``waiter`` first among the live."""
-        parameters = [key_bytes(key), waiter.encode(), b"%d" % LINE_ALIVE_MS, self.release_feed.turn_name.encode()]
+        """As ``read``, and ``waiter`` takes a place at the end of the line of ``line_key`` (None: the key's
+        own), or keeps its own, for LINE_ALIVE_MS more. The row, and whether the key is free and ``waiter``
+        first among the live."""
+        parameters = [key_bytes(key), waiter.encode(), b"%d" % LINE_ALIVE_MS, self.release_feed.turn_name.encode(),
+                      key_bytes(key if line_key is None else line_key)]
         result = self._in_line("read_in_line", table, key, READ_IN_LINE, parameters, READ, parameters[:1],
                                timeout_s, False)
         if result.nfields == 6:  # the table has no line (_in_line): the plain read answered
@@ -281,20 +293,27 @@ class PostgresStore:
 
     def put_in_turn(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, waiter: str, timeout_s: float,
-        usage: UsageMeter,
+        usage: UsageMeter, line_key: Optional[str] = None,
     ) -> Optional[int]:
-        """As ``put_if_absent``, also refused while a live waiter is ahead of ``waiter`` in the key's line
-        (anyone live, if it has no place); applied, it takes ``waiter`` out of the line in the same
-        statement. The new fencing token, else None."""
+        """As ``put_if_absent``, also refused while a live waiter is ahead of ``waiter`` in the line of
+        ``line_key`` (None: the key's own; anyone live, if it has no place); applied, it takes ``waiter`` out
+        of the line in the same statement, and a semaphore's line (``line_key`` given) announces the next
+        waiter's turn: another slot may be free. The new fencing token, else None."""
         data = [owner.encode(), version.encode(), b"%d" % lease_ms]
-        result = self._in_line("put_in_turn", table, key, PUT_IN_TURN, [key_bytes(key), waiter.encode(), *data],
+        line, statement = (key, PUT_IN_TURN) if line_key is None else (line_key, PUT_IN_TURN_PASSING)
+        result = self._in_line("put_in_turn", table, key, statement, [key_bytes(key), waiter.encode(), *data,
+                                                                       key_bytes(line)],
                                PUT_IF_ABSENT, [key_bytes(key), *data], timeout_s, True)
         return _token(result)
 
-    def leave_line(self, table: str, key: str, waiter: str, timeout_s: float) -> None:
-        """``waiter`` gives up its place; if it had the turn and the key is free, the next is announced."""
-        self._in_line("leave_line", table, key, LEAVE_LINE, [key_bytes(key), waiter.encode()], None, [], timeout_s,
-                      True)
+    def leave_line(
+        self, table: str, key: str, waiter: str, timeout_s: float, line_key: Optional[str] = None
+    ) -> None:
+        """``waiter`` gives up its place in the line of ``line_key`` (None: the key's own); if it had the turn
+        and the key is free, the next is announced."""
+        line = key_bytes(key if line_key is None else line_key)
+        self._in_line("leave_line", table, key, LEAVE_LINE, [key_bytes(key), waiter.encode(), line], None, [],
+                      timeout_s, True)
 
     def _in_line(self, operation: str, table: str, key: str, template: str, parameters: list[Any],
                  plain: Optional[str], plain_parameters: list[Any], timeout_s: float, write: bool) -> Any:

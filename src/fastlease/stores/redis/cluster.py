@@ -164,6 +164,10 @@ class RedisClusterStore(RedisStore):
     kind = "redis-cluster"  # in stores.registry
     layout: Any = ClusterLayout
     scripts = CLUSTER_SCRIPTS
+    #: A semaphore's slots' keys hash to other slots than its key's line (the layout tags each by its own
+    #: key, and moving them would split a slot's name between versions), so its waiters are woken by
+    #: every release, as without a line.
+    shared_lines = False
     name_slot = staticmethod(name_slot)  # for the feed, which routes its shard channels by slot
 
     def __init__(self, startup_nodes: Sequence[Address], connection_class: Any, connection_kwargs: dict[str, Any],

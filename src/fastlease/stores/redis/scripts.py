@@ -60,10 +60,12 @@ local function next_in_line(line, alive)
 end
 """
 
-#: Acquire. KEYS: lease, fence, line, alive. ARGV: owner, version, lease_ms, waiter ('' for none).
-#: Creates the lease only if the key is absent (held or merely not yet expired: untouched) and it is
-#: the caller's turn: nobody waits in line, or the caller (``waiter``) is the head of the line, which it
-#: then leaves. Returns the new fencing token, or 0.
+#: Acquire. KEYS: lease, fence, line, alive. ARGV: owner, version, lease_ms, waiter ('' for none), and
+#: for a semaphore's slot, the channel of its line. Creates the lease only if the key is absent (held
+#: or merely not yet expired: untouched) and it is the caller's turn: nobody waits in line, or the
+#: caller (``waiter``) is the head of the line, which it then leaves. A semaphore's line passes the turn
+#: on to its next waiter, since another slot may be free too: its id and a space, with no slot named
+#: (the waiter looks at every slot). Returns the new fencing token, or 0.
 ACQUIRE = NEXT_IN_LINE + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local first = next_in_line(KEYS[3], KEYS[4])
@@ -76,6 +78,8 @@ local fence = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'version', ARGV[2], 'lease_ms', ARGV[3],
            'protocol', '1', 'fence', fence)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local next_head = ARGV[5] and next_in_line(KEYS[3], KEYS[4])
+if next_head then redis.call('PUBLISH', ARGV[5], next_head .. ' ') end
 return fence
 """
 
@@ -117,17 +121,24 @@ redis.call('HSET', KEYS[1], 'waiting', '1')
 return 1
 """
 
-#: Release. KEYS: lease, and line, alive (left out on a slot being migrated). ARGV: owner, channel.
-#: Deletes the lease only if ``owner`` holds it (whatever its version) and then publishes a wake-up
-#: on the channel: the id of the waiter whose turn it is, or '1' when nobody waits in line (or the
-#: line is left out: each waiter's read then tells it whether the turn is its own). Returns the
-#: store's answer itself: 0 (NOT_DELETED) if absent or held by another, else 1 (DELETED), or 2
-#: (DELETED_WITH_WAITERS) if the deleted lease carried the waiting mark.
+#: Release. KEYS: lease, and line, alive (left out on a slot being migrated). ARGV: owner, channel, and
+#: where the line is another key's (a semaphore's slot), that line's channel and the key released.
+#: Deletes the lease only if ``owner`` holds it (whatever its version) and then publishes a wake-up: the
+#: id of the waiter whose turn it is (on the line's channel, followed by a space and the key released,
+#: which the waiter then tries first), or '1' on the key's when nobody waits in line (or the line is left
+#: out: each waiter's read then tells it whether the turn is its own). Returns the store's answer itself:
+#: 0 (NOT_DELETED) if absent or held by another, else 1 (DELETED), or 2 (DELETED_WITH_WAITERS) if the
+#: deleted lease carried the waiting mark.
 RELEASE = NEXT_IN_LINE + """
 local seen = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
 if seen[1] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], (KEYS[2] and next_in_line(KEYS[2], KEYS[3])) or '1')
+local head = KEYS[2] and next_in_line(KEYS[2], KEYS[3])
+if head and ARGV[3] then
+  redis.call('PUBLISH', ARGV[3], head .. ' ' .. ARGV[4])
+else
+  redis.call('PUBLISH', ARGV[2], head or '1')
+end
 if seen[2] == '1' then return 2 end
 return 1
 """

@@ -99,6 +99,8 @@ class RedisStore:
     blocking = True
     layout: Any = NodeLayout
     scripts = NODE_SCRIPTS
+    #: One server holds every key, so a script may name a slot's lease and its semaphore's line together.
+    shared_lines = True
 
     def __init__(self, connection_pool: Any) -> None:
         # redis-py, or, in the renewal process, ``wire.library``: the stand-in of our own connection
@@ -313,13 +315,20 @@ class RedisStore:
 
     def put_in_turn(
         self, table: str, key: str, owner: str, version: str, lease_ms: int, waiter: str, timeout_s: float,
-        usage: UsageMeter,
+        usage: UsageMeter, line_key: Optional[str] = None,
     ) -> Optional[int]:
-        """The ACQUIRE script for ``waiter`` (a place in the key's line, or "" for none): create the lease
-        if the key is absent and it is the waiter's turn (nobody in line, or ``waiter`` first among the
-        live), leaving the line in the same step. The new fencing token, else None."""
+        """The ACQUIRE script for ``waiter`` (a place in the line, or "" for none): create the lease if the
+        key is absent and it is the waiter's turn in the line of ``line_key`` (None: the key's own): nobody
+        in it, or ``waiter`` first among the live, leaving the line in the same step. A semaphore's line
+        (``line_key`` given) then wakes its next waiter: another slot may be free. The new fencing token,
+        else None."""
         keys = self.names(table, key)[:4]
-        reply = self.run_script(self.scripts.acquire, key, timeout_s, keys, (owner, version, lease_ms, waiter))
+        if line_key is None:
+            reply = self.run_script(self.scripts.acquire, key, timeout_s, keys, (owner, version, lease_ms, waiter))
+        else:  # a semaphore's slot: its line, and the channel that passes the turn on
+            _, _, line, alive, turns = self.names(table, line_key)
+            reply = self.run_script(self.scripts.acquire, key, timeout_s, (*keys[:2], line, alive),
+                                    (owner, version, lease_ms, waiter, turns))
         return fencing_token(reply, key)
 
     def replace_if(
@@ -379,14 +388,13 @@ class RedisStore:
         return self._observed(table, key, reply)
 
     def read_in_line(
-        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter
+        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter, line_key: Optional[str] = None
     ) -> tuple[Optional[LockRow], bool]:
-        """The OBSERVE_IN_LINE script: as ``read``, and ``waiter`` joins the key's line (at its end, if not
-        in it) and keeps its place for ``ALIVE_MS`` more. The row, and whether the key is free and the
-        turn is ``waiter``'s. On a slot being migrated, whose node refuses a script that names a missing
-        key with TRYAGAIN, a plain read (the line is then not kept)."""
-        lease, _, line, alive, _ = self.names(table, key)
-        keys = (lease, line, alive)
+        """The OBSERVE_IN_LINE script: as ``read``, and ``waiter`` joins the line of ``line_key`` (None: the
+        key's own; at its end, if not in it) and keeps its place for ``ALIVE_MS`` more. The row, and whether
+        the key is free and the turn is ``waiter``'s. On a slot being migrated, whose node refuses a script
+        that names a missing key with TRYAGAIN, a plain read (the line is then not kept)."""
+        keys = self._lease_and_line(table, key, line_key)
         try:
             reply = self.run_script(self.scripts.observe_in_line, key, timeout_s, keys, (waiter, ALIVE_MS))
         except _TryAgain:  # a migrating slot: a plain read, the turn not known
@@ -396,11 +404,35 @@ class RedisStore:
                                    key=key)
         return self._observed(table, key, reply[:2]), reply[2] == 1
 
-    def leave_line(self, table: str, key: str, waiter: str, timeout_s: float) -> None:
-        """The LEAVE_LINE script: ``waiter`` gives up its place; if it had the turn and the key is free,
-        the next waiter in line is woken."""
-        lease, _, line, alive, channel = self.names(table, key)
-        self.run_script(self.scripts.leave_line, key, timeout_s, (lease, line, alive), (waiter, channel))
+    def leave_line(
+        self, table: str, key: str, waiter: str, timeout_s: float, line_key: Optional[str] = None
+    ) -> None:
+        """The LEAVE_LINE script: ``waiter`` gives up its place in the line of ``line_key`` (None: the key's
+        own); if it had the turn and the key is free, the next waiter in line is woken on the line's channel."""
+        channel = self.names(table, key if line_key is None else line_key)[4]
+        self.run_script(self.scripts.leave_line, key, timeout_s, self._lease_and_line(table, key, line_key),
+                        (waiter, channel))
+
+    def free_in_line(
+        self, table: str, key: str, owner: str, line_key: str, timeout_s: float, usage: UsageMeter
+    ) -> int:
+        """The RELEASE script as ``delete_if_owner``, the head woken being that of ``line_key``'s line, on
+        that key's channel, told which key is free (with nobody in line, every waiter on ``key``'s). For a
+        semaphore's slots, on one node only (``shared_lines``)."""
+        if line_key == key:
+            return self.delete_if_owner(table, key, owner, timeout_s, usage)
+        lease, _, _, _, channel = self.names(table, key)
+        _, _, line, alive, turns = self.names(table, line_key)
+        reply = self.run_script(self.scripts.release, key, timeout_s, (lease, line, alive),
+                                (owner, channel, turns, key.encode("utf-8")))
+        return deletion(reply, key)
+
+    def _lease_and_line(self, table: str, key: str, line_key: Optional[str]) -> tuple[bytes, bytes, bytes]:
+        """The Redis names of ``key``'s lease and of the line of ``line_key`` (None: the key's own)."""
+        lease, _, line, alive, _ = self.names(table, key)
+        if line_key is not None:
+            line, alive = self.names(table, line_key)[2:4]
+        return lease, line, alive
 
     def _observed(self, table: str, key: str, reply: Any) -> Optional[LockRow]:
         if not isinstance(reply, list) or len(reply) != 2:
