@@ -16,13 +16,13 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from fastlease import PostgresClient, Semaphore
-from fastlease.exceptions import LockNotAcquired
+from fastlease.exceptions import LockLost, LockNotAcquired
 from fastlease.redis import RedisClient
 from fastlease.stores.base import DELETED
 from fastlease.stores.postgres.sql import line_table
 from fastlease.stores.redis.cluster import ClusterLayout
 from fastlease.stores.redis.scripts import NodeLayout
-from fastlease.testing import NO_USAGE
+from fastlease.testing import NO_USAGE, FakeClock
 from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.server
@@ -180,7 +180,56 @@ def test_a_slot_s_release_wakes_the_head_of_the_line_and_its_put_wakes_the_next(
             feed.unwatch(watch)
 
 
+def test_one_request_reads_every_slot_keeps_the_place_and_says_which_free_slot_is_the_waiter_s(place):
+    store = place.make().store
+    key = 'we"ird\\ke,y {x} é'  # quotes, a backslash, a comma, braces and a space: none may split the array
+    keys = (key, f"{key}#slot1", f"{key}#slot2")  # its slots
+    assert store.put_in_turn("locks", keys[0], "o0", "v0", 30_000, "", T, NO_USAGE, key) == 1
+    rows, free = store.read_all_in_line("locks", keys, "w-a", T, NO_USAGE, key)
+    assert [row and row.owner for row in rows] == ["o0", None, None] and free == 1  # first in line: its turn
+    rows, free = store.read_all_in_line("locks", keys, "w-b", T, NO_USAGE, key)
+    assert [row and row.owner for row in rows] == ["o0", None, None] and free == -1  # w-a is ahead
+    assert place.line(key) == ["w-a", "w-b"]
+    assert store.put_in_turn("locks", keys[1], "o1", "v1", 30_000, "w-a", T, NO_USAGE, key) == 1
+    assert store.put_in_turn("locks", keys[2], "o2", "v2", 30_000, "w-b", T, NO_USAGE, key) == 1
+    rows, free = store.read_all_in_line("locks", keys, "w-c", T, NO_USAGE, key)
+    assert [row.owner for row in rows] == ["o0", "o1", "o2"] and free == -1  # all held
+    assert rows[2].fence == 1 and rows[2].lease_ms == 30_000
+
+
 # ---- semaphores that wait ----------------------------------------------------------------------------
+def test_a_waiter_reads_every_slot_in_one_request_and_puts_where_a_release_says(place):
+    holder, waiting = place.make(), place.make()
+    held = hold_slots(holder, 8, limit=8)
+    try:
+        waiter = SlotHolder(waiting, limit=8)
+        wait_until(lambda: place.line("s") != [] and place.subscribed(waiting, "s"), BOUND_S, "the waiter in line")
+        held[5].__exit__(None, None, None)
+        assert waiter.acquired.wait(BOUND_S)
+        metrics = waiter.guard.metrics
+        # A put on slot 0, one read of all 8 slots (and one more per poll, if any came), then the put on
+        # slot 5, which the release named. Slot by slot it was a put and a read for each of the 8.
+        assert waiter.guard.slot == 5 and metrics.write_requests == 2 and metrics.read_requests <= 3, metrics
+        waiter.let_go()
+    finally:
+        for guard in held:
+            if guard.is_valid():
+                guard.__exit__(None, None, None)
+
+
+def test_a_waiter_in_line_takes_over_a_slot_whose_holder_stopped(place):
+    paused = place.make(clock=FakeClock())  # stops renewing: its clock stands
+    held = hold_slots(paused, 2)
+    taker = place.make(clock=FakeClock())  # waits a whole lease at once
+    with Semaphore(taker, table="locks", key="s", limit=2, lease_duration=5, wait_timeout=120) as lease:
+        assert lease.slot == 0 and lease.fencing_token == 2  # slot 0's row, seen unchanged for a lease
+        assert lease.metrics.read_requests >= 2 and lease.metrics.write_requests == 2  # a put, the takeover
+    assert place.line("s") == []
+    with pytest.raises(LockLost):
+        held[0].__exit__(None, None, None)
+    held[1].__exit__(None, None, None)
+
+
 def test_freed_slots_go_to_waiters_in_the_order_they_came_and_wake_only_the_first(place):
     holder = place.make()
     held = hold_slots(holder, 2)
@@ -236,6 +285,8 @@ def test_a_postgres_table_without_its_line_still_frees_and_puts_a_slot(make_clie
     store = make_client(tables=("locks",)).store
     admin.execute(f"DROP TABLE {line_table('locks')}")  # as a lock table made by a version without the line
     assert store.put_in_turn("locks", SLOT1, "o1", "v1", 30_000, "w-a", T, NO_USAGE, "s") == 1
+    rows, free = store.read_all_in_line("locks", ("s", SLOT1), "w-a", T, NO_USAGE, "s")
+    assert rows[0] is None and rows[1].owner == "o1" and free == -1  # the rows alone: no turn is known
     assert store.free_in_line("locks", SLOT1, "o1", "s", T, NO_USAGE) == DELETED
     store.leave_line("locks", SLOT1, "w-a", T, "s")
     assert store._lineless == {"locks"}

@@ -44,8 +44,11 @@ cdef class Lease(WaitingLease):
     cpdef acquire(self)
     @cython.final
     cdef _begin_acquisition(self)
-    @cython.locals(now_ns=int64_t, remaining_ns=int64_t, seen_ns=int64_t, stored_lease_ms=int64_t, turn=bint)
+    @cython.locals(turn=bint)
     cdef bint _attempt(self, int64_t deadline_ns) except -1
+    @cython.locals(now_ns=int64_t, remaining_ns=int64_t, seen_ns=int64_t, stored_lease_ms=int64_t)
+    @cython.final
+    cdef bint _contend(self, object row, int64_t deadline_ns) except -1
     @cython.locals(mono_ns=int64_t, wall_ns=int64_t, timeout_s=double)
     @cython.final
     cdef bint _acquisition_write(self, int64_t deadline_ns, object seen_owner, object seen_version) except -1

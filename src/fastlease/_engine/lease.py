@@ -161,6 +161,11 @@ class Lease(WaitingLease):
             if self._waiter is not None and not self._turn:
                 self._hint_ns = self._poll_ms() * _NS_PER_MS  # free, but another waiter's turn: ours will come
             return False
+        return self._contend(row, deadline_ns)
+
+    def _contend(self, row: Any, deadline_ns: int) -> bool:
+        """The key is held (``row``, as read): observe the row, and take it over once seen unchanged for a
+        whole stored lease. True when taken over; else False, ``_hint_ns`` how long to wait (0: at once)."""
         check_row(row, self.key)
         self._row_seen = True
         owner, version, stored_lease_ms, _, waiting, _ = row

@@ -19,7 +19,7 @@ every waiter, which reads.
 
 from __future__ import annotations
 
-from ..exceptions import LockNotAcquired
+from ..exceptions import LockNotAcquired, StoreError
 from .engine import describe_store_error
 from .keys import SEMAPHORE_OWNER, check_key
 from .lease import Lease
@@ -125,6 +125,16 @@ class SlotLease(Lease):
                 first, count = self._slot_keys.index(freed), self.limit
             else:  # a put in turn passed the turn on, naming no slot: read them, rather than put blind
                 self._turn = False
+        # In the semaphore's line, every slot is read in one request: at first after a put on slot 0.
+        at_once = self._waiter is not None and self._line_key is not None and self._pending is None
+        if at_once and not self._turn:
+            if not self._reads:
+                self._aim(0)
+                if self._put(deadline_ns):
+                    return True
+                if self._pending is not None:  # unknown outcome and the reconciling read failed: back off
+                    raise StoreError(f"acquisition of {self.key!r} unconfirmed", key=self.key, maybe_committed=True)
+            return self._attempt_every_slot(deadline_ns)
         hint_ns = -1
         for step in range(count):
             slot = (first + step) % self.limit
@@ -136,7 +146,49 @@ class SlotLease(Lease):
                 hint_ns = self._hint_ns
             if self._pending is not None:
                 break  # a takeover of unknown outcome on this slot: the next step reconciles it here first
+            if at_once:  # the first slot (0, or the one a turn named) tried alone; the others in one read
+                return self._attempt_every_slot(deadline_ns)
         self._hint_ns = hint_ns
+        return False
+
+    def _attempt_every_slot(self, deadline_ns: int) -> bool:
+        """A step in the semaphore's line: every slot read in one request (which keeps our place), each held
+        one observed and taken over once seen unchanged for a whole lease, then a put on the first free one
+        if the turn is ours. False with ``_hint_ns``: the shortest wait a holder asked for, or a poll while
+        a free slot is another waiter's."""
+        now_ns = self._mono()
+        self._reads += 1
+        try:
+            rows, free = self._line.read_all_in_line(self.table, self._slot_keys, self._waiter,
+                                                     self._timeout_s(deadline_ns, now_ns), self, self._line_key)
+        except StoreError:
+            self._request_failures += 1
+            raise
+        hint_ns = -1
+        for slot in range(self.limit):
+            row = rows[slot]
+            if row is None:
+                poll_ns = self._poll_ms() * _NS_PER_MS
+                if free < 0 and (hint_ns < 0 or poll_ns < hint_ns):  # another waiter's turn: ours will come
+                    hint_ns = poll_ns
+                continue
+            self._aim(slot)
+            self._hint_ns = 0
+            if self._contend(row, deadline_ns):
+                return True
+            self._slots_seen[slot] = True
+            if self._pending is not None:
+                return False  # a takeover of unknown outcome on this slot: the next step reconciles it here first
+            if hint_ns < 0 or self._hint_ns < hint_ns:
+                hint_ns = self._hint_ns
+        if free >= 0:
+            self._aim(free)
+            self._turn = True
+            if Lease._attempt(self, deadline_ns):
+                return True
+            if hint_ns < 0 or self._hint_ns < hint_ns:
+                hint_ns = self._hint_ns
+        self._hint_ns = hint_ns if hint_ns >= 0 else self._poll_ms() * _NS_PER_MS
         return False
 
     def _wait_turn(self, signals: ReleaseSignals, delay_ns: int, after_attempt: bool) -> None:

@@ -22,7 +22,7 @@ from .._typing import NamedTuple, Protocol
 
 TYPE_CHECKING = False  # typing is not imported at run time: see fastlease/_typing.py
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from typing import Any, Callable, Optional, Sequence
 
 
 def check_table(table: object) -> str:
@@ -182,6 +182,14 @@ class WaiterLine(Protocol):
     ) -> tuple[Optional[LockRow], bool]:
         """As ``read``, and ``waiter`` takes a place at the end of the line (or keeps its own) for a bounded
         time. The row, and whether the key is free and ``waiter`` first in line."""
+        ...
+
+    def read_all_in_line(
+        self, table: str, keys: Sequence[str], waiter: str, timeout_s: float, usage: UsageMeter, line_key: str
+    ) -> tuple[list[Optional[LockRow]], int]:
+        """``read_in_line`` of every one of ``keys`` (a semaphore's slots) in one request, the place kept once
+        in ``line_key``'s line (where ``shared_lines``). The rows, and the index of the first free key if the
+        turn is ``waiter``'s, else -1."""
         ...
 
     def put_in_turn(

@@ -24,6 +24,10 @@ import re
 
 from ..base import check_table
 
+TYPE_CHECKING = False  # typing is not imported at run time
+if TYPE_CHECKING:
+    from typing import Sequence
+
 #: PostgreSQL truncates longer identifiers (NAMEDATALEN - 1): two long names would silently be one table.
 MAX_IDENTIFIER_BYTES = 63
 
@@ -126,6 +130,24 @@ SELECT held.owner, held.version, held.lease_ms, held.protocol, held.waiting, hel
                                             FROM {line} mine WHERE mine.key = $5 AND mine.waiter = $2)
     ) AS turn
 FROM (SELECT 1) AS one LEFT JOIN {name} AS held ON held.key = $1 AND held.owner IS NOT NULL"""
+#: A waiter's read of every slot of a semaphore ($1, an array of keys), in one statement
+#: (READ_ALL_IN_LINE): READ_IN_LINE's place kept in the line of key $5 (the semaphore's), then this, one
+#: row per key, in order: the held row (NULLs when free) and ``turn``, the same in every row: no live
+#: waiter is ahead of $2.
+EVERY_SLOT_IN_LINE = """SELECT held.owner, held.version, held.lease_ms, held.protocol, held.waiting, held.fence,
+    NOT EXISTS (
+        SELECT 1 FROM {line} other WHERE other.key = $5 AND other.waiter <> $2
+        AND other.alive_until > clock_timestamp()
+        AND (other.arrived, other.waiter) < (SELECT coalesce(max(mine.arrived), 'infinity'), $2::text
+                                            FROM {line} mine WHERE mine.key = $5 AND mine.waiter = $2)
+    ) AS turn
+FROM unnest($1::text[]) WITH ORDINALITY AS slot (key, n)
+LEFT JOIN {name} AS held ON held.key = slot.key AND held.owner IS NOT NULL ORDER BY slot.n"""
+READ_ALL_IN_LINE = READ_IN_LINE[:READ_IN_LINE.index("SELECT held.owner")] + EVERY_SLOT_IN_LINE
+#: The same read where the table has no line: the rows alone.
+READ_ALL = """SELECT held.owner, held.version, held.lease_ms, held.protocol, held.waiting, held.fence
+FROM unnest($1::text[]) WITH ORDINALITY AS slot (key, n)
+LEFT JOIN {name} AS held ON held.key = slot.key AND held.owner IS NOT NULL ORDER BY slot.n"""
 #: Acquire in turn: as PUT_IF_ABSENT ($3-$5: owner, version, lease_ms), for waiter $2, and refused while
 #: a live waiter is ahead of $2 in the line of key $6 (key $1's own, or its semaphore's; anyone live, if
 #: $2 has no place in it). Applied, it takes $2 out of the line in the same statement.
@@ -276,6 +298,13 @@ def line_table(table: str) -> str:
 
 def expiry_index_name(table: str) -> str:
     return '"fastlease_expiry_' + hashlib.sha1(table.encode()).hexdigest()[:20] + '"'
+
+
+def key_array(keys: Sequence[str]) -> bytes:
+    """``keys`` as the text of a PostgreSQL array of text (for ``$1::text[]``): each element quoted, with
+    its backslashes and double quotes escaped, so that no key can end or split an element."""
+    return b"{" + b",".join(b'"' + key_bytes(key).replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"'
+                            for key in keys) + b"}"
 
 
 def key_bytes(key: str) -> bytes:

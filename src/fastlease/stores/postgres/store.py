@@ -17,7 +17,7 @@ import os
 import threading
 from typing import Any, Optional, Sequence
 
-from ...exceptions import StoreError, StoreRequestRejected
+from ...exceptions import MalformedLockRow, StoreError, StoreRequestRejected
 from ..base import (
     DELETED,
     DELETED_WITH_WAITERS,
@@ -53,6 +53,8 @@ from .sql import (
     PUT_IN_TURN_PASSING,
     QUOTED_NAME,
     READ,
+    READ_ALL,
+    READ_ALL_IN_LINE,
     READ_IN_LINE,
     READ_RECORD,
     RECORD_COLUMNS,
@@ -63,6 +65,7 @@ from .sql import (
     TRANSIENT_CODES,
     UPDATE_VERSION_IF,
     expiry_index_name,
+    key_array,
     key_bytes,
     line_table,
     sql_identifier,
@@ -305,6 +308,24 @@ class PostgresStore:
                                                                        key_bytes(line)],
                                PUT_IF_ABSENT, [key_bytes(key), *data], timeout_s, True)
         return _token(result)
+
+    def read_all_in_line(
+        self, table: str, keys: Sequence[str], waiter: str, timeout_s: float, usage: UsageMeter, line_key: str
+    ) -> tuple[list[Optional[LockRow]], int]:
+        """``read_in_line`` of every one of ``keys`` (a semaphore's slots) in one statement, the place kept
+        once, in ``line_key``'s line. The rows, and the index of the first free key if the turn is
+        ``waiter``'s, else -1 (always, where the table has no line)."""
+        parameters = [key_array(keys), waiter.encode(), b"%d" % LINE_ALIVE_MS, self.release_feed.turn_name.encode(),
+                      key_bytes(line_key)]
+        result = self._in_line("read_all_in_line", table, line_key, READ_ALL_IN_LINE, parameters, READ_ALL,
+                               parameters[:1], timeout_s, False)
+        if result.ntuples != len(keys):
+            raise MalformedLockRow(f"PostgreSQL read {result.ntuples} rows of the {len(keys)} slots of "
+                                   f"{line_key!r}", key=line_key)
+        rows = [None if result.get_value(n, 0) is None else _row(result, n, 0) for n in range(len(keys))]
+        turn = result.nfields == 7 and result.ntuples > 0 and result.get_value(0, 6) == b"t"
+        free = next((n for n, row in enumerate(rows) if row is None), -1) if turn else -1
+        return rows, free
 
     def leave_line(
         self, table: str, key: str, waiter: str, timeout_s: float, line_key: Optional[str] = None

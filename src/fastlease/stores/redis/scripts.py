@@ -60,6 +60,20 @@ local function next_in_line(line, alive)
 end
 """
 
+#: A waiter's place (KEYS of the caller: line, alive): it joins the line at its end, if not in it, on the
+#: server's clock, and keeps its place for ``alive_ms`` more; both keys expire ``2 * alive_ms`` after the
+#: last read of any waiter. Prepended to the scripts that use it.
+KEEP_PLACE = """
+local function keep_place(line, alive, waiter, alive_ms)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZADD', line, 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), waiter)
+  redis.call('HSET', alive, waiter, now + alive_ms)
+  redis.call('PEXPIRE', line, 2 * alive_ms)
+  redis.call('PEXPIRE', alive, 2 * alive_ms)
+end
+"""
+
 #: Acquire. KEYS: lease, fence, line, alive. ARGV: owner, version, lease_ms, waiter ('' for none), and
 #: for a semaphore's slot, the channel of its line. Creates the lease only if the key is absent (held
 #: or merely not yet expired: untouched) and it is the caller's turn: nobody waits in line, or the
@@ -170,17 +184,29 @@ return {redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
 #: Observe, in line. KEYS: lease, line, alive. ARGV: waiter, alive_ms. As OBSERVE, and the waiter
 #: joins the key's line (at its end, if not in it) and keeps its place for ``alive_ms`` more; a third
 #: element is 1 if the key is free and the turn is the waiter's, else 0.
-OBSERVE_IN_LINE = NEXT_IN_LINE + """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[2], 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], now + tonumber(ARGV[2]))
-redis.call('PEXPIRE', KEYS[2], 2 * tonumber(ARGV[2]))
-redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
+OBSERVE_IN_LINE = NEXT_IN_LINE + KEEP_PLACE + """
+keep_place(KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[2]))
 local fields = redis.call('HGETALL', KEYS[1])
 local turn = 0
 if #fields == 0 and next_in_line(KEYS[2], KEYS[3]) == ARGV[1] then turn = 1 end
 return {fields, redis.call('PTTL', KEYS[1]), turn}
+"""
+
+#: Observe every slot of a semaphore, in line. KEYS: line, alive, then each slot's lease. ARGV: waiter,
+#: alive_ms. As OBSERVE_IN_LINE for every lease in one step, the place kept once: the first element is
+#: the index (from 0) of the first free lease if the turn is the waiter's, else -1; then each lease's
+#: fields and PTTL.
+OBSERVE_ALL_IN_LINE = NEXT_IN_LINE + KEEP_PLACE + """
+keep_place(KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]))
+local out = {-1}
+for i = 3, #KEYS do
+  local fields = redis.call('HGETALL', KEYS[i])
+  if #fields == 0 and out[1] < 0 then out[1] = i - 3 end
+  out[#out + 1] = fields
+  out[#out + 1] = redis.call('PTTL', KEYS[i])
+end
+if out[1] >= 0 and next_in_line(KEYS[1], KEYS[2]) ~= ARGV[1] then out[1] = -1 end
+return out
 """
 
 #: Leave the line. KEYS: lease, line, alive. ARGV: waiter, channel. The waiter gives up its place; if
@@ -198,7 +224,7 @@ return 1
 
 SCRIPTS = {"ACQUIRE": ACQUIRE, "TAKE_OVER": TAKE_OVER, "RENEW": RENEW, "MARK_WAITING": MARK_WAITING,
            "RELEASE": RELEASE, "FINISH": FINISH, "OBSERVE": OBSERVE, "OBSERVE_IN_LINE": OBSERVE_IN_LINE,
-           "LEAVE_LINE": LEAVE_LINE}
+           "LEAVE_LINE": LEAVE_LINE, "OBSERVE_ALL_IN_LINE": OBSERVE_ALL_IN_LINE}
 
 
 class Script:
@@ -213,18 +239,18 @@ class Script:
 
 
 class ScriptSet:
-    """The nine scripts as one store sends them. ``publish`` replaces the call that RELEASE, FINISH and
+    """The ten scripts as one store sends them. ``publish`` replaces the call that RELEASE, FINISH and
     LEAVE_LINE wake waiters with (``redis.call('PUBLISH',``); the cluster store's publishes on a shard channel of the
     script's own slot. Nothing else differs."""
 
     __slots__ = ("acquire", "take_over", "renew", "mark_waiting", "release", "finish", "observe", "observe_in_line",
-                 "leave_line", "all")
+                 "leave_line", "observe_all_in_line", "all")
 
     def __init__(self, publish: str = "redis.call('PUBLISH',") -> None:
         sources = {name: source.replace("redis.call('PUBLISH',", publish) for name, source in SCRIPTS.items()}
         self.all = tuple(Script(name, source) for name, source in sources.items())
         (self.acquire, self.take_over, self.renew, self.mark_waiting, self.release, self.finish,
-         self.observe, self.observe_in_line, self.leave_line) = self.all
+         self.observe, self.observe_in_line, self.leave_line, self.observe_all_in_line) = self.all
 
 
 NODE_SCRIPTS = ScriptSet()

@@ -46,7 +46,7 @@ from .wire import pack_command as _pack
 # memory. redis-py is optional: imported when a client is made.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Optional, Sequence
 
     from .._release_feed import ListenerFeed
 
@@ -403,6 +403,21 @@ class RedisStore:
             raise MalformedLockRow(f"Redis OBSERVE_IN_LINE of {key!r} gave {reply!r:.100}, not [fields, pttl, turn]",
                                    key=key)
         return self._observed(table, key, reply[:2]), reply[2] == 1
+
+    def read_all_in_line(
+        self, table: str, keys: Sequence[str], waiter: str, timeout_s: float, usage: UsageMeter, line_key: str
+    ) -> tuple[list[Optional[LockRow]], int]:
+        """The OBSERVE_ALL_IN_LINE script: ``read_in_line`` of every one of ``keys`` (a semaphore's slots) in
+        one request, the place kept once, in ``line_key``'s line. The rows, and the index of the first free
+        key if the turn is ``waiter``'s, else -1. For a semaphore, on one node only (``shared_lines``)."""
+        _, _, line, alive, _ = self.names(table, line_key)
+        names = (line, alive, *[self.names(table, key)[0] for key in keys])
+        reply = self.run_script(self.scripts.observe_all_in_line, line_key, timeout_s, names, (waiter, ALIVE_MS))
+        if not isinstance(reply, list) or len(reply) != 1 + 2 * len(keys) or type(reply[0]) is not int:
+            raise MalformedLockRow(f"Redis OBSERVE_ALL_IN_LINE of {line_key!r} gave {reply!r:.100}, not [free, "
+                                   f"then fields and pttl of each of {len(keys)} keys]", key=line_key)
+        rows = [self._observed(table, key, reply[1 + 2 * n:3 + 2 * n]) for n, key in enumerate(keys)]
+        return rows, reply[0]
 
     def leave_line(
         self, table: str, key: str, waiter: str, timeout_s: float, line_key: Optional[str] = None
