@@ -11,6 +11,7 @@ for another thread's state poll it, bounded.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -121,10 +122,10 @@ class SlotHolder:
             raise self.error
 
 
-def hold_slots(client: Any, count: int, key: str = "s", limit: int = 2) -> list[Semaphore]:
+def hold_slots(client: Any, count: int, key: str = "s", limit: int = 2, lease_s: float = 30) -> list[Semaphore]:
     guards = []
     for _ in range(count):
-        guard = Semaphore(client, table="locks", key=key, limit=limit, lease_duration=30, wait_timeout=0)
+        guard = Semaphore(client, table="locks", key=key, limit=limit, lease_duration=lease_s, wait_timeout=0)
         guard.__enter__()
         guards.append(guard)
     return guards
@@ -258,6 +259,30 @@ def test_freed_slots_go_to_waiters_in_the_order_they_came_and_wake_only_the_firs
         for guard in held:
             if guard.is_valid():
                 guard.__exit__(None, None, None)
+
+
+def test_in_line_a_waiter_still_watches_the_other_slots_and_hears_a_stopped_holder_s_expire(redis_url, redis_db):
+    paused = RedisClient(redis_url, clock=FakeClock())  # stops renewing: its slots run out on the server
+    waiting = RedisClient(redis_url)
+    try:
+        held = hold_slots(paused, 2, lease_s=3)
+        waiter = SlotHolder(waiting)
+        feed = waiting.store.release_feed
+        wait_until(lambda: feed.subscribed("locks", "s") and feed.subscribed("locks", SLOT1), BOUND_S,
+                   "the waiter's watches of both slots")
+        started = time.monotonic()
+        remaining_s = max(redis_db.pttl(NodeLayout.lease("locks", key)) for key in ("s", SLOT1)) / 1000
+        assert waiter.acquired.wait(BOUND_S)
+        # At the expiry (the read set a wake-up for it on the slot's channel), not at the next poll in line,
+        # which comes 187.5-562.5 ms apart with 3 s leases.
+        assert time.monotonic() - started <= remaining_s + 0.15, remaining_s
+        waiter.let_go()
+        for guard in held:
+            with pytest.raises(LockLost):
+                guard.__exit__(None, None, None)
+    finally:
+        paused.close()
+        waiting.close()
 
 
 def test_a_try_does_not_take_a_free_slot_from_a_live_waiter_in_line(place):

@@ -192,12 +192,14 @@ class SlotLease(Lease):
         return False
 
     def _wait_turn(self, signals: ReleaseSignals, delay_ns: int, after_attempt: bool) -> None:
-        """A lease's wait, woken by the release of any slot. In the semaphore's line, the lease's own watch
-        (on the semaphore's key) hears the turn. Without one, where the store has a release feed, the first
-        wait also watches every slot but the one the lease's own watch is on (the current one)."""
-        if self._feed is not None and self._watch is None and self._waiter is None:
+        """A lease's wait, woken by the release of any slot: where the store has a release feed, the first
+        wait also watches every slot but the one the lease's own watch is on (the current one; in the
+        semaphore's line, the semaphore's key, where the turn is announced). In the line, those other
+        watches still hear a held slot's expiry (Redis) and the releases made when nobody was in line."""
+        if self._feed is not None and self._watch is None:
+            own = self.key if self._line_key is None else self._line_key
             self._slot_watches = [self._feed.watch(self.table, key, self._wake_on_release)
-                                  for key in self._slot_keys if key != self.key]
+                                  for key in self._slot_keys if key != own]
         Lease._wait_turn(self, signals, delay_ns, after_attempt)
 
     def _aim(self, slot: int) -> None:
