@@ -28,8 +28,9 @@ cdef class SlotLease(Lease):
     cpdef acquire(self)
     cdef _wait_turn(self, ReleaseSignals signals, int64_t delay_ns, bint after_attempt)
 
-    @cython.locals(first=int, count=int, step=int, slot=int, hint_ns=int64_t, at_once=bint)
+    @cython.locals(first=int, slot=int, hint_ns=int64_t)
     cdef bint _attempt(self, int64_t deadline_ns) except -1
+    cdef bint _attempt_in_line(self, object freed, int64_t deadline_ns) except -1
     @cython.locals(now_ns=int64_t, free=int, slot=int, hint_ns=int64_t, poll_ns=int64_t)
     cdef bint _attempt_every_slot(self, int64_t deadline_ns) except -1
     cdef _aim(self, int slot)

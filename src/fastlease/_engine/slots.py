@@ -114,30 +114,15 @@ class SlotLease(Lease):
 
     def _attempt(self, deadline_ns: int) -> bool:
         """One step: each slot in order, from the first, as a lease's attempt; True once one is held.
-        A write of unknown outcome is reconciled first: the step then starts at its slot. A turn given by
-        a slot's release starts at that slot, and goes round to the others. When every slot is held,
-        ``_hint_ns`` is the shortest wait that any slot's holder asked for."""
-        first = self.slot if self._pending is not None else 0
-        count = self.limit - first
+        A write of unknown outcome is reconciled first: the step then starts at its slot. When every
+        slot is held, ``_hint_ns`` is the shortest wait that any slot's holder asked for. In the
+        semaphore's line, ``_attempt_in_line`` instead."""
         freed, self._freed_key = self._freed_key, None
-        if freed is not None and self._turn and self._pending is None:
-            if freed in self._slot_keys:
-                first, count = self._slot_keys.index(freed), self.limit
-            else:  # a put in turn passed the turn on, naming no slot: read them, rather than put blind
-                self._turn = False
-        # In the semaphore's line, every slot is read in one request: at first after a put on slot 0.
-        at_once = self._waiter is not None and self._line_key is not None and self._pending is None
-        if at_once and not self._turn:
-            if not self._reads:
-                self._aim(0)
-                if self._put(deadline_ns):
-                    return True
-                if self._pending is not None:  # unknown outcome and the reconciling read failed: back off
-                    raise StoreError(f"acquisition of {self.key!r} unconfirmed", key=self.key, maybe_committed=True)
-            return self._attempt_every_slot(deadline_ns)
+        if self._waiter is not None and self._line_key is not None and self._pending is None:
+            return self._attempt_in_line(freed, deadline_ns)
+        first = self.slot if self._pending is not None else 0
         hint_ns = -1
-        for step in range(count):
-            slot = (first + step) % self.limit
+        for slot in range(first, self.limit):
             self._aim(slot)
             if Lease._attempt(self, deadline_ns):
                 return True
@@ -146,10 +131,30 @@ class SlotLease(Lease):
                 hint_ns = self._hint_ns
             if self._pending is not None:
                 break  # a takeover of unknown outcome on this slot: the next step reconciles it here first
-            if at_once:  # the first slot (0, or the one a turn named) tried alone; the others in one read
-                return self._attempt_every_slot(deadline_ns)
         self._hint_ns = hint_ns
         return False
+
+    def _attempt_in_line(self, freed: Optional[str], deadline_ns: int) -> bool:
+        """One step in the semaphore's line. On a turn, a put first on the slot whose release gave it
+        (``freed``; None: slot 0, the key itself), without a read; a turn passed on by a put names no slot
+        (``freed`` empty), so every slot is read instead. At the first step, a put on slot 0. Then, if not
+        held, every slot in one read (``_attempt_every_slot``)."""
+        if self._turn:
+            if freed is None or freed in self._slot_keys:
+                self._aim(0 if freed is None else self._slot_keys.index(freed))
+                if Lease._attempt(self, deadline_ns):
+                    return True
+                if self._pending is not None:
+                    return False  # a write of unknown outcome on this slot: the next step reconciles it here
+            else:
+                self._turn = False
+        elif not self._reads:
+            self._aim(0)
+            if self._put(deadline_ns):
+                return True
+            if self._pending is not None:  # unknown outcome and the reconciling read failed: back off
+                raise StoreError(f"acquisition of {self.key!r} unconfirmed", key=self.key, maybe_committed=True)
+        return self._attempt_every_slot(deadline_ns)
 
     def _attempt_every_slot(self, deadline_ns: int) -> bool:
         """A step in the semaphore's line: every slot read in one request (which keeps our place), each held

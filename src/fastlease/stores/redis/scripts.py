@@ -239,9 +239,9 @@ class Script:
 
 
 class ScriptSet:
-    """The ten scripts as one store sends them. ``publish`` replaces the call that RELEASE, FINISH and
-    LEAVE_LINE wake waiters with (``redis.call('PUBLISH',``); the cluster store's publishes on a shard channel of the
-    script's own slot. Nothing else differs."""
+    """The ten scripts as one store sends them. ``publish`` replaces the call that ACQUIRE, RELEASE, FINISH
+    and LEAVE_LINE wake waiters with (``redis.call('PUBLISH',``); the cluster store's publishes on a shard
+    channel of the script's own slot. Nothing else differs."""
 
     __slots__ = ("acquire", "take_over", "renew", "mark_waiting", "release", "finish", "observe", "observe_in_line",
                  "leave_line", "observe_all_in_line", "all")
