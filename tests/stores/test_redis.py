@@ -286,6 +286,33 @@ def test_the_feed_resubscribes_after_its_connection_is_killed(make_redis, redis_
     assert feed.delivered == 1
 
 
+@pytest.mark.parametrize("pttl_ms", [0, 40])
+def test_a_read_of_a_held_lease_wakes_its_watchers_when_it_expires_even_in_its_last_millisecond(make_redis, pttl_ms):
+    """Nothing is published when a crashed holder's lease expires, so a read that finds the lease sets a
+    wake-up at its PTTL. Redis answers PTTL 0 for a lease read in the very millisecond it expires (a key
+    counts as expired only once the time is past its expiry); such a read must wake the watchers too, at
+    the listener's next tick, or the next holder waits up to a poll more."""
+    holder, waiter_client = make_redis(), make_redis()
+    store, feed = waiter_client.store, waiter_client.store.release_feed
+    woken = threading.Event()
+    with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):
+        watch = feed.watch("locks", "hot", woken.set)
+        try:
+            wait_until(lambda: feed.subscribed("locks", "hot"), BOUND_S, "the watch's subscription")
+            fields, _ = store.run_script(store.scripts.observe, "hot", 1.0, store.names("locks", "hot")[:1], ())
+            row = store._observed("locks", "hot", [fields, pttl_ms])  # as in its last ms, or 40 ms before it
+            assert row is not None and row[0] == holder_owner(fields)
+            assert woken.wait(BOUND_S), f"a read that gave PTTL {pttl_ms} woke nobody at the lease's expiry"
+        finally:
+            feed.unwatch(watch)
+
+
+def holder_owner(fields: list) -> str:
+    """The owner in a lease's HGETALL reply (field, value, field, value...)."""
+    pairs = dict(zip(fields[::2], fields[1::2]))
+    return pairs[b"owner"].decode()
+
+
 def test_without_wake_on_release_nothing_subscribes(make_redis, redis_db):
     holder, waiter_client = make_redis(), make_redis(wake_on_release=False)
     with SyncDistributedLock(holder, table="locks", key="hot", lease_duration=30):

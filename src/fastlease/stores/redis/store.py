@@ -454,7 +454,9 @@ class RedisStore:
             raise MalformedLockRow(f"Redis OBSERVE of {key!r} gave {reply!r:.100}, not [fields, pttl]", key=key)
         row = lock_row(reply[0], key)
         ttl_ms = reply[1]
-        if row is not None and type(ttl_ms) is int and ttl_ms > 0 and self.release_feed is not None:
+        # (PTTL 0: the lease expires within this millisecond; Redis counts a key expired only once the time
+        # is past its expiry. The wake then comes at the listener's next tick, not a poll later.)
+        if row is not None and type(ttl_ms) is int and ttl_ms >= 0 and self.release_feed is not None:
             self.release_feed.wake_at_expiry(self.names(table, key)[4], ttl_ms / 1000)
         return row
 
