@@ -298,6 +298,45 @@ def test_a_backlog_of_pulses_read_late_does_not_make_a_stopped_holder_look_alive
     assert pulses.last_ns == latest
 
 
+def test_a_holder_counts_as_alive_only_between_a_proved_pulse_and_the_end_of_its_pipe():
+    """Renewals go out only while the holder is proved alive. What the pipe holds when the renewal process
+    starts proves nothing: written at any time since the holder started it, by a holder that may have been
+    killed since (a process started late on a busy host would renew a dead holder's lease, and its takeover
+    would wait a whole lease more). A pulse read after a read that emptied the pipe proves it. Once the
+    holder's end closes (it died, or its last client closed), nothing is renewed while the process shuts
+    down, though the last pulse is well within the silence allowed."""
+    import socket
+
+    from fastlease._renewal_process import GatedStore, RenewalProcess
+    from fastlease.exceptions import StoreError
+
+    pulse = (8).to_bytes(4, sys.byteorder) + bytes(8)  # a pulse: 8 bytes of message, link id 0
+    holder_end, process_end = socket.socketpair()
+    pipe_read, pipe_write = os.pipe()
+    try:
+        os.write(pipe_write, pulse * 3)  # written before the process started
+        process = RenewalProcess(process_end, pipe_read)
+        gated = GatedStore(object(), process._pulses)  # its store is never reached: every request is refused
+        assert process._read_pipe() and not process._pulses.fresh()
+        with pytest.raises(StoreError) as refused:
+            gated.update_version_if("locks", "k", "owner", "v1", "v2", 1.0, None)
+        assert refused.value.maybe_committed is False
+        os.write(pipe_write, pulse)  # written after a read that emptied the pipe: the holder is alive
+        assert process._read_pipe() and process._pulses.fresh()
+        os.close(pipe_write)
+        pipe_write = -1
+        process.run()  # returns at the end of the pipe
+        assert not process._pulses.fresh()
+        with pytest.raises(StoreError):
+            gated.update_version_if("locks", "k", "owner", "v1", "v2", 1.0, None)
+    finally:
+        for fd in (pipe_read, pipe_write):
+            if fd >= 0:
+                os.close(fd)
+        holder_end.close()
+        process_end.close()
+
+
 def _stopped(pid: int) -> bool:
     """Whether the kernel reports ``pid`` stopped (state T)."""
     with open(f"/proc/{pid}/stat") as stat:

@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("fastlease.renewal")
 _PIPE_HEAD = struct.Struct("=IQ")
+#: A monotonic time before any this process can see: a date that proves nothing.
+NEVER_NS = -(1 << 62)
 # A registration (``_core.Pulse.register``): lease_ms, fence (-1: none), the acquisition's monotonic and
 # wall stamps, max_hold's end (0: none), the store id; then table, key, owner and version.
 _NUMBERS = struct.Struct("=6q")
@@ -71,10 +73,15 @@ class Pulses:
     takes the pulses of one read and the time of the read before it, which emptied the pipe: they were
     all written after that read began, and the pulse thread writes at most one per PULSE_INTERVAL_MS, so
     the last of ``count`` was written at least ``(count - 1) * PULSE_INTERVAL_MS`` after it. In steady
-    state that dates a pulse one interval early, which the 400 ms of silence allowed absorb."""
+    state that dates a pulse one interval early, which the 400 ms of silence allowed absorb.
+
+    Nothing is dated before the first read that empties the pipe: what the first read brings was written
+    at any time since the holder started this process, which may have died meanwhile (a process started
+    late on a busy host, reading the pulses and the registration of a holder killed since)."""
 
     def __init__(self) -> None:
-        self.last_ns = time.monotonic_ns()
+        self.last_ns = NEVER_NS
+        self.ended = False
 
     def arrived(self, count: int, since_ns: int) -> None:
         """``count`` pulses came in one read; the read before it began at ``since_ns``."""
@@ -82,7 +89,12 @@ class Pulses:
             self.last_ns = max(self.last_ns, since_ns + (count - 1) * PULSE_INTERVAL_MS * 1_000_000)
 
     def fresh(self) -> bool:
-        return time.monotonic_ns() - self.last_ns < PULSE_SILENCE_MS * 1_000_000
+        return not self.ended and time.monotonic_ns() - self.last_ns < PULSE_SILENCE_MS * 1_000_000
+
+    def end(self) -> None:
+        """The holder closed its end (it died, or its last client closed): nothing more is renewed for
+        it, not even within the silence allowed, while this process shuts down."""
+        self.ended = True
 
 
 class GatedStore:
@@ -145,7 +157,7 @@ class RenewalProcess:
         self._sock = sock
         self._pipe = pipe
         self._pulses = Pulses()
-        self._pipe_read_ns = time.monotonic_ns()  # when the last read of the pipe that emptied it began
+        self._pipe_read_ns = NEVER_NS  # when the last read of the pipe that emptied it began (none yet)
         self._buffer = bytearray()
         self._pipe_buffer = bytearray()
         self._core = _impl.core
@@ -328,6 +340,8 @@ class RenewalProcess:
                 if self._sock.fileno() in ready and not self._on_socket():
                     return
         finally:
+            # First: a renewal due while the stores close must not go out for a holder known gone.
+            self._pulses.end()
             with self._outbox_ready:
                 self._closing = True
                 self._outbox_ready.notify()
