@@ -113,8 +113,10 @@ class GatedStore:
     def _check(self, table: str, key: str) -> None:
         if not self._pulses.fresh():
             self.paused.add((table, key))
-            raise StoreError(f"no pulse from the holder for {PULSE_SILENCE_MS} ms (stopped or frozen): "
-                             "not renewing", maybe_committed=False)
+            why = ("the holder closed its pipe (it died, or its last client closed)" if self._pulses.ended else
+                   f"no pulse from the holder proved within {PULSE_SILENCE_MS} ms (stopped, frozen, or not yet "
+                   "heard from since this process started)")
+            raise StoreError(f"{why}: not renewing", maybe_committed=False)
         self.paused.discard((table, key))
 
     def read(self, table: str, key: str, timeout_s: float, usage: Any) -> Any:
