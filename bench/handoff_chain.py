@@ -119,7 +119,8 @@ def run(library: str, holds: int) -> tuple[list[tuple[float, str, str]], list[di
     target = fastlease_worker if library == "fastlease" else peer_worker
     workers = [context.Process(target=target, args=(url, holds, start, out)) for _ in range(2)]
     try:
-        watching.wait(10)
+        if not watching.wait(10):
+            raise RuntimeError("MONITOR did not start within 10 s: no server stamps to measure with")
         for worker in workers:
             worker.start()
         start.set()

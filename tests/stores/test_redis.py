@@ -22,6 +22,7 @@ import pytest
 from fastlease import SyncDistributedLock
 from fastlease.exceptions import LockNotAcquired, MalformedLockRow, StoreError, StoreRequestRejected
 from fastlease.redis import RedisClient
+from fastlease.stores.redis.replies import hash_fields
 from fastlease.stores.redis.scripts import fence_key, lease_key
 from fastlease.testing import NO_USAGE
 from helpers import mp_workers
@@ -301,16 +302,10 @@ def test_a_read_of_a_held_lease_wakes_its_watchers_when_it_expires_even_in_its_l
             wait_until(lambda: feed.subscribed("locks", "hot"), BOUND_S, "the watch's subscription")
             fields, _ = store.run_script(store.scripts.observe, "hot", 1.0, store.names("locks", "hot")[:1], ())
             row = store._observed("locks", "hot", [fields, pttl_ms])  # as in its last ms, or 40 ms before it
-            assert row is not None and row[0] == holder_owner(fields)
+            assert row is not None and row[0] == hash_fields(fields)["owner"].decode()
             assert woken.wait(BOUND_S), f"a read that gave PTTL {pttl_ms} woke nobody at the lease's expiry"
         finally:
             feed.unwatch(watch)
-
-
-def holder_owner(fields: list) -> str:
-    """The owner in a lease's HGETALL reply (field, value, field, value...)."""
-    pairs = dict(zip(fields[::2], fields[1::2]))
-    return pairs[b"owner"].decode()
 
 
 def test_without_wake_on_release_nothing_subscribes(make_redis, redis_db):

@@ -28,6 +28,8 @@ cdef class Lease(WaitingLease):
     cdef _fail_acquisition(self, int64_t start_ns, object error)
     @cython.final
     cdef object _put_or_read(self, int64_t deadline_ns)
+    @cython.final
+    cdef bint _put_settled(self, int64_t deadline_ns) except -1
     @cython.locals(now_ns=int64_t)
     @cython.final
     cdef object _read(self, int64_t deadline_ns, bint in_line=*)

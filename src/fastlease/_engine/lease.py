@@ -191,11 +191,18 @@ class Lease(WaitingLease):
 
     def _put_or_read(self, deadline_ns: int) -> Any:
         """Put a fresh row; if the key is taken, read it. True when held, else the row (or None)."""
+        if self._put_settled(deadline_ns):
+            return True
+        return self._read(deadline_ns, True)
+
+    def _put_settled(self, deadline_ns: int) -> bool:
+        """Put a fresh row: True when held, False when the key is taken. A put whose outcome stays unknown
+        (the reconciling read failed too) raises a StoreError that may have committed: the caller backs off."""
         if self._put(deadline_ns):
             return True
-        if self._pending is not None:  # unknown outcome and the reconciling read failed: back off
+        if self._pending is not None:
             raise StoreError(f"acquisition of {self.key!r} unconfirmed", key=self.key, maybe_committed=True)
-        return self._read(deadline_ns, True)
+        return False
 
     def _read(self, deadline_ns: int, in_line: bool = False) -> Any:
         """The row (None when free). ``in_line``: a waiter's read, which also keeps its place in the key's

@@ -150,10 +150,8 @@ class SlotLease(Lease):
                 self._turn = False
         elif not self._reads:
             self._aim(0)
-            if self._put(deadline_ns):
+            if self._put_settled(deadline_ns):
                 return True
-            if self._pending is not None:  # unknown outcome and the reconciling read failed: back off
-                raise StoreError(f"acquisition of {self.key!r} unconfirmed", key=self.key, maybe_committed=True)
         return self._attempt_every_slot(deadline_ns)
 
     def _attempt_every_slot(self, deadline_ns: int) -> bool:

@@ -15,7 +15,8 @@ TYPE_CHECKING = False  # typing is not imported at run time (the renewal process
 if TYPE_CHECKING:
     from typing import Any, Callable, Optional
 
-__all__ = ["LINGER_S", "LISTENER_IDLE_EXIT_S", "LISTENER_TICK_S", "ListenerFeed", "Watch", "WatchedChannel"]
+__all__ = ["LINGER_S", "LISTENER_IDLE_EXIT_S", "LISTENER_TICK_S", "ListenerFeed", "Watch", "WatchedChannel",
+           "parse_turn", "turn_wake"]
 
 #: The listener looks at its watch list this often while nothing arrives; it bounds how long a new watch
 #: waits for its subscription (the engine then reads once more, so nothing released meanwhile is missed).
@@ -25,6 +26,19 @@ LISTENER_TICK_S = 0.01
 LINGER_S = 2.0
 #: The listener thread exits after this long with no channel; the next watch starts another.
 LISTENER_IDLE_EXIT_S = 30.0
+
+
+def parse_turn(payload: bytes) -> tuple[bytes, Optional[str]]:
+    """A message that gives a waiter its turn: the waiter's id, then, after a space, the key a release
+    freed (a semaphore's slot; empty when a put passed the turn on), or None where the message names no
+    key (a lock's)."""
+    waiter, space, freed = payload.partition(b" ")
+    return waiter, freed.decode("utf-8", "replace") if space else None
+
+
+def turn_wake(turn: Any, freed: Optional[str]) -> Callable[[], None]:
+    """What the feed calls for a turn: the waiter's ``turn``, told the key ``freed`` where the message named one."""
+    return turn if freed is None else partial(turn, freed)
 
 
 class WatchedChannel:
@@ -140,12 +154,9 @@ class ListenerFeed:
         adds it after a space (a semaphore's slot); any other ("1") wakes every watcher."""
         if payload == b"1" or not isinstance(payload, bytes):
             return list(channel.watchers.values())
-        turn = channel.turns.get(payload)
-        if turn is not None:
-            return [turn]
-        waiter, space, freed = payload.partition(b" ")
-        turn = channel.turns.get(waiter) if space else None
-        return [] if turn is None else [partial(turn, freed.decode("utf-8", "replace"))]
+        waiter, freed = parse_turn(payload)
+        turn = channel.turns.get(waiter)
+        return [] if turn is None else [turn_wake(turn, freed)]
 
     def _wake_all(self, wakes: list[Callable[[], None]]) -> None:
         """Call the wakes of one message (outside the lock: a wake only sets events)."""

@@ -19,10 +19,9 @@ import hashlib
 import secrets
 import select
 import time
-from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
+from .._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel, parse_turn, turn_wake
 
 if TYPE_CHECKING:  # annotations only
     from .session import Session
@@ -152,10 +151,9 @@ class PostgresReleaseFeed(ListenerFeed):
         and the key released when that is a semaphore's slot (the waiter is told it)."""
         with self._lock:
             if name == self.turn_name:
-                waiter, space, freed = payload.partition(" ")
-                turns = [channel.turns[waiter.encode()] for channel in self._channels.values()
-                         if waiter.encode() in channel.turns]
-                wakes = [partial(turn, freed) for turn in turns[:1]] if space else turns[:1]
+                waiter, freed = parse_turn(payload.encode())
+                turns = [channel.turns[waiter] for channel in self._channels.values() if waiter in channel.turns]
+                wakes = [turn_wake(turn, freed) for turn in turns[:1]]
             else:
                 channel = self._channels.get(name)
                 wakes = [] if channel is None else [wake for watched, wake in channel.watchers.values()
