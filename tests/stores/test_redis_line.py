@@ -159,6 +159,105 @@ def test_a_message_wakes_the_waiter_it_names_and_one_without_a_name_wakes_all():
     assert feed.wakes_for(channel, b"1") == ["wake-1", "wake-2"]
 
 
+# ---- the handover of a released lease to the head of its line ------------------------------------------
+OFFER = ("o-a", "v-a", 30_000, 1_500)  # owner, version, lease_ms, and the PX of a lease handed over
+
+
+def turns_of(feed: Any, waiter: str) -> tuple[list[Any], threading.Event, Any]:
+    """Watch the key "k" as ``waiter`` would: what each turn message that names it said, and an event set by it."""
+    said: list[Any] = []
+    told = threading.Event()
+    watch = feed.watch("locks", "k", lambda: None, waiter, lambda freed=None: (said.append(freed), told.set()))
+    wait_until(lambda: feed.subscribed("locks", "k"), BOUND_S, "the subscription")
+    return said, told, watch
+
+
+def held_with_an_offer(where: Where, offer: tuple[str, str, int, int]) -> tuple[RedisClient, Any, Any]:
+    """A client, its store and feed, with "k" held by "o1" and waiter "w-a" first in line with ``offer``."""
+    client = where.client()
+    store = client.store
+    assert store.put_if_absent("locks", "k", "o1", "v1", 30_000, T, NO_USAGE) == 1
+    row, turn = store.read_in_line("locks", "k", "w-a", T, NO_USAGE, None, offer)
+    assert row.owner == "o1" and turn is False
+    return client, store, store.release_feed
+
+
+def test_a_release_hands_the_lease_over_to_the_head_of_the_line_in_the_owner_its_read_offered(where):
+    client, store, feed = held_with_an_offer(where, OFFER)
+    store.read_in_line("locks", "k", "w-b", T, NO_USAGE)  # behind it, without an offer
+    said, told, watch = turns_of(feed, "w-a")
+    try:
+        assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == 1
+        row = store.read("locks", "k", T, NO_USAGE)
+        assert (row.owner, row.version, row.lease_ms, row.fence) == ("o-a", "v-a", 30_000, 2)
+        # The PX of the handover, not the lease's own: a waiter that died in line holds the key 1.5 s at most.
+        assert 0 < where.raw(client, "k", b"PTTL", where.layout.lease("locks", "k")) <= 1_500
+        assert where.line(client, "k") == [b"w-b"]  # taken out of the line, its offer gone
+        assert where.raw(client, "k", b"HGET", where.layout.alive("locks", "k"), "w-a offer") is None
+        assert told.wait(BOUND_S) and said == ["=v-a 2"]
+        # Its next read (a message lost, say) sees the lease in its owner, and does not join the line again.
+        row, turn = store.read_in_line("locks", "k", "w-a", T, NO_USAGE, None, ("o-a", "v-a2", 30_000, 1_500))
+        assert row.version == "v-a" and turn is False and where.line(client, "k") == [b"w-b"]
+    finally:
+        feed.unwatch(watch)
+
+
+def test_an_offer_older_than_a_third_of_its_px_is_not_taken_and_the_waiter_is_woken_to_write(where):
+    client, store, feed = held_with_an_offer(where, ("o-a", "v-a", 30_000, 3))  # stale after 1 ms
+    written = where.server_ms(client, "k")
+    wait_until(lambda: where.server_ms(client, "k") >= written + 3, BOUND_S, "3 ms on the server's clock")
+    said, told, watch = turns_of(feed, "w-a")
+    try:
+        assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == 1
+        assert store.read("locks", "k", T, NO_USAGE) is None
+        assert told.wait(BOUND_S) and said == [None]  # its turn, to write itself
+        assert where.line(client, "k") == [b"w-a"]
+    finally:
+        feed.unwatch(watch)
+
+
+def test_a_waiter_that_leaves_deletes_a_lease_handed_over_to_it_meanwhile_and_wakes_the_next(where):
+    client, store, feed = held_with_an_offer(where, OFFER)
+    store.read_in_line("locks", "k", "w-b", T, NO_USAGE)
+    assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == 1  # handed over to w-a, which has gone
+    said, told, watch = turns_of(feed, "w-b")
+    try:
+        store.leave_line("locks", "k", "w-a", T, None, "o-a")
+        assert store.read("locks", "k", T, NO_USAGE) is None
+        assert told.wait(BOUND_S) and said == [None] and where.line(client, "k") == [b"w-b"]
+        store.leave_line("locks", "k", "w-b", T, None, "o-b")  # nothing handed over to it: nothing deleted
+        assert store.put_if_absent("locks", "k", "o2", "v2", 30_000, T, NO_USAGE) == 3
+        store.leave_line("locks", "k", "w-c", T, None, "o-c")
+        assert store.read("locks", "k", T, NO_USAGE).owner == "o2"
+    finally:
+        feed.unwatch(watch)
+
+
+def test_a_lease_handed_over_is_held_without_a_write_valid_from_before_the_read_that_offered(where):
+    """The waiter's clock moves only when it waits (FakeClock), and its renewals run only when the test
+    moves it: the validity it holds the handed lease with is the handover's 1.5 s (times 0.9) counted from
+    a stamp no later than now, not the lease's 30 s, until its first renewal, due at once, sets the lease."""
+    holder, clock = where.client(), FakeClock()
+    taker = where.client(clock=clock)
+    guard = hold(holder, "k")
+    lease = SyncDistributedLock(taker, table="locks", key="k", lease_duration=30, wait_timeout=3_600)
+    thread = threading.Thread(target=lease.__enter__, daemon=True)
+    thread.start()
+    wait_until(lambda: where.line(holder, "k") != [], BOUND_S, "the waiter's place in line")
+    guard.__exit__(None, None, None)
+    thread.join(BOUND_S)
+    assert not thread.is_alive() and lease.is_valid()
+    # Its one write was its first attempt's put, refused (the key was held): the handover needed none.
+    assert lease.fencing_token == guard.fencing_token + 1 and lease.metrics.write_requests == 1
+    left_ns = lease._lease.valid_until_ns() - clock.monotonic_ns()
+    assert 0 < left_ns <= 1_350_000_000, left_ns
+    assert 0 < where.raw(holder, "k", b"PTTL", where.layout.lease("locks", "k")) <= 1_500
+    clock.advance(0)  # runs the renewals that are due: the first one is
+    assert lease._lease.valid_until_ns() - clock.monotonic_ns() == 27_000_000_000
+    assert where.raw(holder, "k", b"PTTL", where.layout.lease("locks", "k")) > 1_500
+    lease.__exit__(None, None, None)
+
+
 # ---- leases that wait --------------------------------------------------------------------------------
 def test_releases_hand_the_key_to_waiters_in_the_order_they_came_each_woken_once(where):
     holder = where.client()
@@ -257,6 +356,9 @@ def test_without_a_confirmed_subscription_a_waiter_in_line_polls_at_the_usual_in
         assert lease.is_valid()
         # 2 s of polls at most 187.5 ms apart: at least 10 reads (at the line's interval, 5 on average).
         assert lease.metrics.read_requests >= 10, lease.metrics
+        # The release handed the lease over, and with no message to say so the waiter's next read found it in
+        # its own owner: no write but its first attempt's refused put.
+        assert lease.metrics.write_requests == 1 and lease.fencing_token == guard.fencing_token + 1, lease.metrics
         assert not client.store.release_feed.subscribed("locks", "k")
         lease.__exit__(None, None, None)
     finally:

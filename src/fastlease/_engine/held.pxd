@@ -79,6 +79,9 @@ cdef class HeldLease(Renewable):
     cdef object _line
     cdef object _line_key
     cdef object _freed_key
+    cdef object _offer_owner
+    cdef tuple _offers
+    cdef object _handed
     cdef object _waiter
     cdef bint _turn
     cdef int64_t _writes, _reads, _conditional_failures, _request_failures

@@ -66,16 +66,8 @@ class HeldLease(Renewable):
     its own request counters so neither overwrites the other's increments.
     """
 
-    def __init__(
-        self,
-        client: Any,
-        table: str,
-        key: str,
-        lease_ms: int,
-        wait_ms: int,
-        max_hold_ms: int = 0,
-        on_lost: Optional[Callable[[LockLost], object]] = None,
-    ) -> None:
+    def __init__(self, client: Any, table: str, key: str, lease_ms: int, wait_ms: int, max_hold_ms: int = 0,
+                 on_lost: Optional[Callable[[LockLost], object]] = None) -> None:
         check_lease_arguments(lease_ms, wait_ms, max_hold_ms, on_lost)
         self._bind(client.engine)
         self.table = check_table(table)
@@ -157,6 +149,12 @@ class HeldLease(Renewable):
         # Our turn in the key's line (set by the feed on a release to us, or a read in line): write first.
         self._turn = False
         self._freed_key: Optional[str] = None  # the slot key whose release gave us the turn (a semaphore's)
+        # Where the store hands a released lease over to the head of its line (WaiterLine.hands_over): the
+        # owner our reads in line offer to take it in; their last two offers, newest first, each (version,
+        # monotonic and wall stamps taken before its read); a handover the feed announced, (version, fence).
+        self._offer_owner: Optional[str] = None
+        self._offers: tuple[tuple[str, int, int], ...] = ()
+        self._handed: Optional[tuple[str, int]] = None  # set by the feed's thread, taken by the caller's
 
     def _init_counters(self) -> None:
         """The request counters behind ``metrics``, each written by one thread, all at zero."""

@@ -20,6 +20,7 @@ from .keys import check_holder_kind, check_row
 from .timing import (
     DELEGATE_MIN_LEASE_MS,
     ERROR_BACKOFF_MS,
+    HANDED_LEASE_MS,
     NEVER_SET,
     WAITING_MARK_AFTER_MS,
     cleanup_budget_ns,
@@ -29,6 +30,7 @@ from .timing import (
     renew_interval_ns,
     request_timeout_ns,
     seconds_text,
+    validity_ns,
 )
 from .timing import NS_PER_MS as _NS_PER_MS
 from .waiting import WaitingLease
@@ -141,6 +143,9 @@ class Lease(WaitingLease):
 
     def _attempt(self, deadline_ns: int) -> bool:
         """One acquisition step. True when held; False with ``_hint_ns`` set when contended."""
+        handed, self._handed = self._handed, None
+        if handed is not None and self._take_handed(handed[0], handed[1]):
+            return True  # a release handed the lease over to us: held without a request
         turn, self._turn = self._turn, False
         if self._pending is not None:
             row = self._reconcile_acquisition(deadline_ns)
@@ -167,6 +172,8 @@ class Lease(WaitingLease):
         """The key is held (``row``, as read): observe the row, and take it over once seen unchanged for a
         whole stored lease. True when taken over; else False, ``_hint_ns`` how long to wait (0: at once)."""
         check_row(row, self.key)
+        if self._offer_owner is not None and row[0] == self._offer_owner and self._take_handed(row[1], row[5]):
+            return True  # handed over to us, and the feed's message has not come (or was lost)
         self._row_seen = True
         owner, version, stored_lease_ms, _, waiting, _ = row
         check_holder_kind(owner, self._kind, self.key)  # a lock's row to a semaphore, or the reverse
@@ -211,6 +218,11 @@ class Lease(WaitingLease):
         self._reads += 1
         try:
             if in_line and self._waiter is not None:
+                if self._line_key is None and not self._kind and self._line.hands_over:
+                    row, self._turn = self._line.read_in_line(self.table, self.key, self._waiter,
+                                                              self._timeout_s(deadline_ns, now_ns), self, None,
+                                                              self._new_offer(now_ns))
+                    return row
                 row, self._turn = self._line.read_in_line(self.table, self.key, self._waiter,
                                                           self._timeout_s(deadline_ns, now_ns), self, self._line_key)
                 return row
@@ -218,6 +230,26 @@ class Lease(WaitingLease):
         except StoreError:
             self._request_failures += 1
             raise
+
+    def _new_offer(self, mono_ns: int) -> tuple[str, str, int, int]:
+        """Our offer to take the lease over on its release (the store's ``Offer``), for a read in line that
+        starts now: a new version each time, stamped (``mono_ns`` and the wall clock) before that read."""
+        if self._offer_owner is None:
+            self._offer_owner = self.owner_prefix + new_token()
+        version = new_token()
+        self._offers = ((version, mono_ns, self._wall()), *self._offers[:1])
+        return self._offer_owner, version, self.lease_ms, min(self.lease_ms, HANDED_LEASE_MS)
+
+    def _take_handed(self, version: str, fence: Optional[int]) -> bool:
+        """A release handed the lease over to us, in our offer's owner and ``version``: HELD, its validity
+        counted from the stamp taken before the read that left that offer, over the span the handover wrote
+        (HANDED_LEASE_MS at most), so the first renewal is due at once. The release may have taken either of
+        our last two offers (the newer one's read still in flight); an older version is not counted."""
+        for offered, mono_ns, wall_ns in self._offers:
+            if offered == version:
+                shift_ns = validity_ns(self.lease_ms) - validity_ns(min(self.lease_ms, HANDED_LEASE_MS))
+                return self._confirm(cast(str, self._offer_owner), version, mono_ns, wall_ns, fence, shift_ns)
+        return False
 
     def _put(self, deadline_ns: int) -> bool:
         return self._acquisition_write(deadline_ns, None, None)
@@ -291,16 +323,20 @@ class Lease(WaitingLease):
         self._pending = None
         return row
 
-    def _confirm(self, owner: str, version: str, mono_ns: int, wall_ns: int, fence: Optional[int]) -> bool:
-        """A write of ours is confirmed: HELD with validity from the stamp taken before the write.
+    def _confirm(self, owner: str, version: str, mono_ns: int, wall_ns: int, fence: Optional[int],
+                 shift_ns: int = 0) -> bool:
+        """A write of ours is confirmed: HELD with validity from the stamp taken before the write (counted
+        ``shift_ns`` earlier for a lease handed over with a shorter PX than its own: validity, and the first
+        renewal, come that much sooner).
 
         A confirmation that arrives after that validity ended (a very slow response), or after the
         acquisition was cancelled, does not count: the row is ours, so it is deleted.
         """
+        counted_mono_ns, counted_wall_ns = mono_ns - shift_ns, wall_ns - shift_ns
         with self._mutex:
             if self.state != ACQUIRING:
                 return False  # a late success never revives a failed or cancelled guard
-            self._set_validity(mono_ns, wall_ns)
+            self._set_validity(counted_mono_ns, counted_wall_ns)
             if self._cancelled or not self._valid_at(self._mono(), self._wall()):
                 stale = True
             else:
@@ -321,16 +357,16 @@ class Lease(WaitingLease):
             pulse = self._link.fast_pulse  # the link's checks are done: the registration is one C call
             if pulse is not None:
                 link_id = pulse.register(self, self.table, self.key, owner, version, self.lease_ms, fence,
-                                         mono_ns, wall_ns, self._hold_until_ns, self._link.store_id)
+                                         counted_mono_ns, counted_wall_ns, self._hold_until_ns, self._link.store_id)
             else:
-                link_id = self._link.register(self, mono_ns, wall_ns, self._hold_until_ns)
+                link_id = self._link.register(self, counted_mono_ns, counted_wall_ns, self._hold_until_ns)
             if link_id:
                 with self._mutex:
                     # The renewal process may have ended while this was being staged, handing its
                     # registrations back (this one too, before it was ours to clear): renewals stay here.
                     if self._link.registered(self, link_id):
                         self._link_id = link_id
-        self._scheduler.schedule(self, mono_ns + renew_interval_ns(self.lease_ms))
+        self._scheduler.schedule(self, counted_mono_ns + renew_interval_ns(self.lease_ms))
         return True
 
     # ---- release (caller's thread) -------------------------------------------------------------

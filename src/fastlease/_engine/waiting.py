@@ -100,9 +100,14 @@ class WaitingLease(HeldLease):
 
     def _wake_in_turn(self, freed: Optional[str] = None) -> None:
         """The feed saw the key released to us, the head of its line: write at once, without a read (a
-        semaphore's waiter is told which slot's key was ``freed``, and writes there)."""
-        self._freed_key = freed
-        self._turn = True
+        semaphore's waiter is told which slot's key was ``freed``, and writes there). To a lock's waiter
+        that offered to take the lease over, "=<version> <fence>" says the release handed it over to us."""
+        version, _, fence = (freed or "")[1:].partition(" ")
+        if self._offer_owner is not None and freed and freed[0] == "=" and fence.isdigit():
+            self._handed = (version, int(fence))
+        else:
+            self._freed_key = freed
+            self._turn = True
         ticket = self._ticket
         if ticket is not None:
             ticket.set()
@@ -135,10 +140,14 @@ class WaitingLease(HeldLease):
 
     def _leave_line(self) -> None:
         """The wait ended without the lease: give up our place in the key's line (waking the next waiter
-        if we had the turn). Best effort: a place not given up is skipped after the store's ALIVE_MS."""
+        if we had the turn). Best effort: a place not given up is skipped after the store's ALIVE_MS, and a
+        lease handed over to us then expires with the handover's PX (timing.HANDED_LEASE_MS)."""
+        timeout_s = request_timeout_ns(self.lease_ms) / 1e9
         try:
-            self._line.leave_line(self.table, self.key, self._waiter, request_timeout_ns(self.lease_ms) / 1e9,
-                                  self._line_key)
+            if self._offer_owner is None:
+                self._line.leave_line(self.table, self.key, self._waiter, timeout_s, self._line_key)
+            else:  # (and a lease handed over to us meanwhile, which we did not take, is deleted)
+                self._line.leave_line(self.table, self.key, self._waiter, timeout_s, self._line_key, self._offer_owner)
         except StoreError as error:
             _log.debug("leaving the line for %r failed: %s", self.key, error)
 

@@ -30,8 +30,8 @@ LISTENER_IDLE_EXIT_S = 30.0
 
 def parse_turn(payload: bytes) -> tuple[bytes, Optional[str]]:
     """A message that gives a waiter its turn: the waiter's id, then, after a space, the key a release
-    freed (a semaphore's slot; empty when a put passed the turn on), or None where the message names no
-    key (a lock's)."""
+    freed (a semaphore's slot; empty when a put passed the turn on), or "=<version> <fence>" where a Redis
+    release handed a lock's lease over to the waiter, or None where the message names neither (a lock's)."""
     waiter, space, freed = payload.partition(b" ")
     return waiter, freed.decode("utf-8", "replace") if space else None
 

@@ -163,6 +163,12 @@ class ReleaseFeed(Protocol):
 LINE_ALIVE_MS = 1500
 
 
+#: A waiter's offer to take a lease over on its release, where the store ``hands_over``: the owner and
+#: version the lease is to be written in, its lease_ms, and the PX of the write (at most lease_ms), which
+#: the taker's first renewal sets to the full lease.
+Offer = tuple[str, str, int, int]
+
+
 class WaiterLine(Protocol):
     """Optional, with a ReleaseFeed: a line of waiters per key, kept by the store (Redis, PostgreSQL). A client whose
     store has one sets ``client.engine.line``; a waiting lease then takes a place in the key's line with
@@ -176,12 +182,18 @@ class WaiterLine(Protocol):
     #: Whether ``line_key`` may name another key than ``key`` (False on Redis Cluster: another key's line
     #: may live on another node).
     shared_lines: bool
+    #: Whether a release hands the lease over to the head of the line, where that waiter's last read left
+    #: an ``offer`` (Redis): the waiter is told the version and fencing token on the feed, or sees its own
+    #: owner in the row at its next read, and holds the lease without a write of its own.
+    hands_over: bool
 
     def read_in_line(
-        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter, line_key: Optional[str] = None
+        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter, line_key: Optional[str] = None,
+        offer: Optional[Offer] = None,
     ) -> tuple[Optional[LockRow], bool]:
         """As ``read``, and ``waiter`` takes a place at the end of the line (or keeps its own) for a bounded
-        time. The row, and whether the key is free and ``waiter`` first in line."""
+        time, leaving its ``offer`` where the store ``hands_over`` (a lock's waiter; none is given elsewhere).
+        The row, and whether the key is free and ``waiter`` first in line."""
         ...
 
     def read_all_in_line(
@@ -208,9 +220,11 @@ class WaiterLine(Protocol):
         ...
 
     def leave_line(
-        self, table: str, key: str, waiter: str, timeout_s: float, line_key: Optional[str] = None
+        self, table: str, key: str, waiter: str, timeout_s: float, line_key: Optional[str] = None,
+        offered_owner: Optional[str] = None,
     ) -> None:
-        """``waiter`` gives up its place; if it had the turn and the key is free, the next is woken."""
+        """``waiter`` gives up its place (and its offer, deleting a lease handed over to it meanwhile in
+        ``offered_owner``); if it had the turn and the key is free, the next is woken."""
         ...
 
 

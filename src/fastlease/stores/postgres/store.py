@@ -82,6 +82,8 @@ class PostgresStore:
     blocking = True
     #: One statement may name a slot's row and its semaphore's line (stores/base.py's WaiterLine).
     shared_lines = True
+    #: A release wakes the next waiter, which then writes (stores/base.py's WaiterLine): no offers are made here.
+    hands_over = False
 
     #: The largest serialised result a record holds here (bytea's limit is 1 GB; records stay well under).
     max_result_bytes = 100_000_000

@@ -17,8 +17,10 @@ collide whatever ``K`` holds):
   ids by arrival (the server's clock, in µs), and a hash of each one's liveness deadline (the server's
   clock, in ms), which every read of the waiter pushes ``ALIVE_MS`` ahead. The first waiter whose
   deadline has not passed has the turn: an acquisition by anyone else is refused while the key is free,
-  and a release wakes that waiter alone. A dead or departed waiter is dropped when its deadline passes.
-  Both keys expire ``2 * ALIVE_MS`` after the last read of any waiter, so an abandoned line vanishes.
+  and a release wakes that waiter alone, or hands the lease over to it where its last read offered to
+  take it (``<waiter> offer`` in the hash; see HAND_OVER). A dead or departed waiter is dropped when its
+  deadline passes. Both keys expire ``2 * ALIVE_MS`` after the last read of any waiter, so an abandoned
+  line vanishes.
 * ``fastlease:T:released:K``, the pub/sub channel that release publishes on (see ``RedisReleaseFeed``):
   the id of the waiter whose turn it is, or ``1`` (anyone may look) when nobody waits in line.
 """
@@ -54,7 +56,7 @@ local function next_in_line(line, alive)
     local alive_until = tonumber(redis.call('HGET', alive, head))
     if alive_until and alive_until > now then return head end
     redis.call('ZREM', line, head)
-    redis.call('HDEL', alive, head)
+    redis.call('HDEL', alive, head, head .. ' offer')
   end
   return nil
 end
@@ -62,7 +64,7 @@ end
 
 #: A waiter's place (KEYS of the caller: line, alive): it joins the line at its end, if not in it, on the
 #: server's clock, and keeps its place for ``alive_ms`` more; both keys expire ``2 * alive_ms`` after the
-#: last read of any waiter. Prepended to the scripts that use it.
+#: last read of any waiter. Returns the server's time in ms. Prepended to the scripts that use it.
 KEEP_PLACE = """
 local function keep_place(line, alive, waiter, alive_ms)
   local t = redis.call('TIME')
@@ -71,6 +73,35 @@ local function keep_place(line, alive, waiter, alive_ms)
   redis.call('HSET', alive, waiter, now + alive_ms)
   redis.call('PEXPIRE', line, 2 * alive_ms)
   redis.call('PEXPIRE', alive, 2 * alive_ms)
+  return now
+end
+"""
+
+#: The handover of a released lease to the head of its line (KEYS of the caller: lease, fence, line, alive),
+#: where that waiter has offered to take it: its last read in line left ``<waiter> offer`` in the alive hash,
+#: "<written> <px_ms> <lease_ms> <version> <owner>" (written: the server's time of that read, in ms). An
+#: offer older than a third of its px_ms is not taken. Writes the lease as ACQUIRE would, in the offer's
+#: owner and version, but with a PX of the offer's px_ms (a waiter that died in line loses the key that soon:
+#: its first renewal sets the full lease), takes the waiter out of the line and tells it, on ``channel``:
+#: its id, a space, "=", the version and, after a space, the new fencing token. Returns true if it did.
+#: Prepended to the scripts that use it.
+HAND_OVER = """
+local function hand_over(lease, fence_key, line, alive, head, channel)
+  local offer = redis.call('HGET', alive, head .. ' offer')
+  if not offer then return false end
+  local written, px, lease_ms, version, owner = string.match(offer, '^(%d+) (%d+) (%d+) (%S+) (.+)$')
+  if not owner then return false end
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(written) > tonumber(px) / 3 then
+    return false
+  end
+  local fence = redis.call('INCR', fence_key)
+  redis.call('HSET', lease, 'owner', owner, 'version', version, 'lease_ms', lease_ms, 'protocol', '1', 'fence', fence)
+  redis.call('PEXPIRE', lease, px)
+  redis.call('ZREM', line, head)
+  redis.call('HDEL', alive, head, head .. ' offer')
+  redis.call('PUBLISH', channel, head .. ' =' .. version .. ' ' .. fence)
+  return true
 end
 """
 
@@ -86,7 +117,7 @@ local first = next_in_line(KEYS[3], KEYS[4])
 if first and first ~= ARGV[4] then return 0 end
 if ARGV[4] ~= '' then
   redis.call('ZREM', KEYS[3], ARGV[4])
-  redis.call('HDEL', KEYS[4], ARGV[4])
+  redis.call('HDEL', KEYS[4], ARGV[4], ARGV[4] .. ' offer')
 end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'version', ARGV[2], 'lease_ms', ARGV[3],
@@ -135,22 +166,23 @@ redis.call('HSET', KEYS[1], 'waiting', '1')
 return 1
 """
 
-#: Release. KEYS: lease, and line, alive (left out on a slot being migrated). ARGV: owner, channel, and
-#: where the line is another key's (a semaphore's slot), that line's channel and the key released.
-#: Deletes the lease only if ``owner`` holds it (whatever its version) and then publishes a wake-up: the
-#: id of the waiter whose turn it is (on the line's channel, followed by a space and the key released,
-#: which the waiter then tries first), or '1' on the key's when nobody waits in line (or the line is left
-#: out: each waiter's read then tells it whether the turn is its own). Returns the store's answer itself:
-#: 0 (NOT_DELETED) if absent or held by another, else 1 (DELETED), or 2 (DELETED_WITH_WAITERS) if the
-#: deleted lease carried the waiting mark.
-RELEASE = NEXT_IN_LINE + """
+#: Release. KEYS: lease, and line, alive (left out on a slot being migrated), and fence (a lock's key: where
+#: the release may hand the lease over). ARGV: owner, channel, and where the line is another key's (a
+#: semaphore's slot), that line's channel and the key released. Deletes the lease only if ``owner`` holds it
+#: (whatever its version); then hands it over to the head of the line where it has offered to take it
+#: (HAND_OVER), or publishes a wake-up: the id of the waiter whose turn it is (on the line's channel,
+#: followed by a space and the key released, which the waiter then tries first), or '1' on the key's when
+#: nobody waits in line (or the line is left out: each waiter's read then tells it whether the turn is its
+#: own). Returns the store's answer itself: 0 (NOT_DELETED) if absent or held by another, else 1 (DELETED),
+#: or 2 (DELETED_WITH_WAITERS) if the deleted lease carried the waiting mark.
+RELEASE = NEXT_IN_LINE + HAND_OVER + """
 local seen = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
 if seen[1] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 local head = KEYS[2] and next_in_line(KEYS[2], KEYS[3])
 if head and ARGV[3] then
   redis.call('PUBLISH', ARGV[3], head .. ' ' .. ARGV[4])
-else
+elseif not (head and KEYS[4] and hand_over(KEYS[1], KEYS[4], KEYS[2], KEYS[3], head, ARGV[2])) then
   redis.call('PUBLISH', ARGV[2], head or '1')
 end
 if seen[2] == '1' then return 2 end
@@ -181,11 +213,20 @@ OBSERVE = """
 return {redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
 """
 
-#: Observe, in line. KEYS: lease, line, alive. ARGV: waiter, alive_ms. As OBSERVE, and the waiter
-#: joins the key's line (at its end, if not in it) and keeps its place for ``alive_ms`` more; a third
-#: element is 1 if the key is free and the turn is the waiter's, else 0.
+#: Observe, in line. KEYS: lease, line, alive. ARGV: waiter, alive_ms, and for a waiter that offers to
+#: take the lease over on its release (a lock's, not a semaphore's): owner, version, lease_ms, px_ms. As
+#: OBSERVE, and the waiter joins the key's line (at its end, if not in it) and keeps its place for
+#: ``alive_ms`` more, leaving its offer (see HAND_OVER); unless the lease was handed over to it already (in
+#: that owner: the row tells it so). A third element is 1 if the key is free and the turn is the waiter's,
+#: else 0.
 OBSERVE_IN_LINE = NEXT_IN_LINE + KEEP_PLACE + """
-keep_place(KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[2]))
+if not ARGV[3] or redis.call('HGET', KEYS[1], 'owner') ~= ARGV[3] then
+  local now = keep_place(KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[2]))
+  if ARGV[3] then
+    redis.call('HSET', KEYS[3], ARGV[1] .. ' offer',
+               now .. ' ' .. ARGV[6] .. ' ' .. ARGV[5] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3])
+  end
+end
 local fields = redis.call('HGETALL', KEYS[1])
 local turn = 0
 if #fields == 0 and next_in_line(KEYS[2], KEYS[3]) == ARGV[1] then turn = 1 end
@@ -209,15 +250,23 @@ if out[1] >= 0 and next_in_line(KEYS[1], KEYS[2]) ~= ARGV[1] then out[1] = -1 en
 return out
 """
 
-#: Leave the line. KEYS: lease, line, alive. ARGV: waiter, channel. The waiter gives up its place; if
-#: it had the turn and the key is free, the next waiter in line is woken. Returns 1.
+#: Leave the line. KEYS: lease, line, alive. ARGV: waiter, channel, and the owner it offered the lease to be
+#: handed over in, if it did. The waiter gives up its place and its offer; a lease handed over to it meanwhile
+#: (in that owner) is deleted. If it had the turn, or was handed the lease, and the key is free, the next
+#: waiter in line is woken (with nobody in line after a lease handed over, every waiter: '1'). Returns 1.
 LEAVE_LINE = NEXT_IN_LINE + """
 local first = next_in_line(KEYS[2], KEYS[3])
 redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-if first == ARGV[1] and redis.call('EXISTS', KEYS[1]) == 0 then
+redis.call('HDEL', KEYS[3], ARGV[1], ARGV[1] .. ' offer')
+local handed = ARGV[3] and redis.call('HGET', KEYS[1], 'owner') == ARGV[3]
+if handed then redis.call('DEL', KEYS[1]) end
+if (first == ARGV[1] or handed) and redis.call('EXISTS', KEYS[1]) == 0 then
   local head = next_in_line(KEYS[2], KEYS[3])
-  if head then redis.call('PUBLISH', ARGV[2], head) end
+  if head then
+    redis.call('PUBLISH', ARGV[2], head)
+  elseif handed then
+    redis.call('PUBLISH', ARGV[2], '1')
+  end
 end
 return 1
 """

@@ -21,7 +21,7 @@ import time
 import weakref
 
 from ...exceptions import MalformedLockRow, StoreError, StoreRequestRejected
-from ..base import NO_USAGE, LockRow, Record, UsageMeter, check_table, outcome_for_log
+from ..base import NO_USAGE, LockRow, Offer, Record, UsageMeter, check_table, outcome_for_log
 from . import wire
 from .feed import RedisReleaseFeed
 from .replies import (
@@ -101,6 +101,8 @@ class RedisStore:
     scripts = NODE_SCRIPTS
     #: One server holds every key, so a script may name a slot's lease and its semaphore's line together.
     shared_lines = True
+    #: A release hands the lease over to the head of the line where its last read offered to take it.
+    hands_over = True
 
     def __init__(self, connection_pool: Any) -> None:
         # redis-py, or, in the renewal process, ``wire.library``: the stand-in of our own connection
@@ -371,8 +373,8 @@ class RedisStore:
         next waiter in line, or to all). Its reply is the store's answer: ``NOT_DELETED``, ``DELETED`` or
         ``DELETED_WITH_WAITERS``. On a slot being migrated (TRYAGAIN: nothing ran), the script again on the
         lease key alone, which wakes every waiter."""
-        lease, _, line, alive, channel = self.names(table, key)
-        keys, args = (lease, line, alive), (owner, channel)
+        lease, fence, line, alive, channel = self.names(table, key)
+        keys, args = (lease, line, alive, fence), (owner, channel)
         try:
             reply = self.run_script(self.scripts.release, key, timeout_s, keys, args)
         except _TryAgain:  # a migrating slot: release without the line, waking every waiter ("1")
@@ -388,15 +390,18 @@ class RedisStore:
         return self._observed(table, key, reply)
 
     def read_in_line(
-        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter, line_key: Optional[str] = None
+        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter, line_key: Optional[str] = None,
+        offer: Optional[Offer] = None,
     ) -> tuple[Optional[LockRow], bool]:
         """The OBSERVE_IN_LINE script: as ``read``, and ``waiter`` joins the line of ``line_key`` (None: the
-        key's own; at its end, if not in it) and keeps its place for ``ALIVE_MS`` more. The row, and whether
-        the key is free and the turn is ``waiter``'s. On a slot being migrated, whose node refuses a script
-        that names a missing key with TRYAGAIN, a plain read (the line is then not kept)."""
+        key's own; at its end, if not in it) and keeps its place for ``ALIVE_MS`` more, leaving its ``offer``
+        for the release to hand the lease over (unless the lease is in the offer's owner already). The row,
+        and whether the key is free and the turn is ``waiter``'s. On a slot being migrated, whose node refuses
+        a script that names a missing key with TRYAGAIN, a plain read (the line is then not kept)."""
         keys = self._lease_and_line(table, key, line_key)
+        args: tuple[Any, ...] = (waiter, ALIVE_MS) if offer is None else (waiter, ALIVE_MS, *offer)
         try:
-            reply = self.run_script(self.scripts.observe_in_line, key, timeout_s, keys, (waiter, ALIVE_MS))
+            reply = self.run_script(self.scripts.observe_in_line, key, timeout_s, keys, args)
         except _TryAgain:  # a migrating slot: a plain read, the turn not known
             return self.read(table, key, timeout_s, usage), False
         if not isinstance(reply, list) or len(reply) != 3:
@@ -420,13 +425,16 @@ class RedisStore:
         return rows, reply[0]
 
     def leave_line(
-        self, table: str, key: str, waiter: str, timeout_s: float, line_key: Optional[str] = None
+        self, table: str, key: str, waiter: str, timeout_s: float, line_key: Optional[str] = None,
+        offered_owner: Optional[str] = None,
     ) -> None:
         """The LEAVE_LINE script: ``waiter`` gives up its place in the line of ``line_key`` (None: the key's
-        own); if it had the turn and the key is free, the next waiter in line is woken on the line's channel."""
+        own) and its offer, and a lease handed over to it meanwhile (in ``offered_owner``) is deleted; if it
+        had the turn (or that lease) and the key is free, the next waiter in line is woken on the line's
+        channel."""
         channel = self.names(table, key if line_key is None else line_key)[4]
-        self.run_script(self.scripts.leave_line, key, timeout_s, self._lease_and_line(table, key, line_key),
-                        (waiter, channel))
+        args = (waiter, channel) if offered_owner is None else (waiter, channel, offered_owner)
+        self.run_script(self.scripts.leave_line, key, timeout_s, self._lease_and_line(table, key, line_key), args)
 
     def free_in_line(
         self, table: str, key: str, owner: str, line_key: str, timeout_s: float, usage: UsageMeter
