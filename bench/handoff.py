@@ -194,7 +194,7 @@ def summarise(name: str, results: list[dict[str, Any]]) -> None:
         reads = sum(result["reads"] for result in results)
         waited_s = sum(result["waited_ms"] for result in results) / 1000
         read_columns = f"{reads / max(total, 1):>11.2f}{reads / max(waited_s, 1e-9):>14.1f}"
-    print(f"{name:<{LABEL_WIDTH}}{total:>7}{p50:>10.1f}{p99:>10.1f}   {share_text:<23}"
+    print(f"{name:<{LABEL_WIDTH}}{total:>7}{p50:>10.2f}{p99:>10.1f}   {share_text:<23}"
           + read_columns)
 
 

@@ -2,15 +2,15 @@
 
 Two worker processes alternate on one key (acquire, 5 ms of work, release), ``--holds`` times each, on a
 redis-server started here; the parent watches the server with MONITOR, whose stamps are the server's
-wall clock. fastlease's workers also stamp their own steps on the same clock:
+wall clock. The workers stamp their own steps on the same clock. fastlease's release hands the lease
+over to the waiter in its own script (docs/protocol.md, "The handover on Redis"), so its chain is:
 
-* the release's PUBLISH runs on the server;
+* the release's PUBLISH runs on the server (after its handover's INCR of the fencing counter);
 * the waiter's listener thread finds the message readable (``read_response`` is entered), and parses it;
-* the waiting thread, woken by the listener, calls the store's ``put_in_turn``;
-* that put runs on the server (its INCR of the fencing counter).
+* the waiting thread, woken by the listener, holds the lease (its ``with`` block begins).
 
-python-redis-lock's waiter blocks in BLPOP on its own connection: only the server's two stamps are
-known, from the release's signal (``lpush``) to the next ``SET NX`` of the other worker.
+python-redis-lock's waiter blocks in BLPOP on its own connection: from the release's signal (``lpush``)
+to the next ``SET NX`` of the other worker on the server, then to that worker's ``with`` block.
 
 MONITOR makes the server and the parent busier, so every figure is larger than without it; they
 compare within one run. Medians of the handoffs between the two workers (a worker that takes the key
@@ -44,9 +44,9 @@ def fastlease_worker(url: str, holds: int, start: Any, out: Any) -> None:
     from fastlease.stores.redis.replies import pubsub_event
 
     client = RedisClient(url)
-    store, feed = client.store, client.store.release_feed
+    feed = client.store.release_feed
     stamps: dict[str, int] = {}
-    connect, put_in_turn = feed._connect, store.put_in_turn
+    connect = feed._connect
 
     def stamped_connect() -> Any:  # the listener's connection: stamp each reply read
         connection = connect()
@@ -55,28 +55,26 @@ def fastlease_worker(url: str, holds: int, start: Any, out: Any) -> None:
         def stamped_read() -> Any:
             readable = time.time_ns()
             reply = read_response()
-            # A message (not a confirmation) before the put that ends the chain: the latest such woke it.
-            if pubsub_event(reply)[0] == "message" and "put" not in stamps:
+            # A message (not a confirmation) before the hold that ends the chain: the latest such woke it.
+            if pubsub_event(reply)[0] == "message":
                 stamps["readable"], stamps["parsed"] = readable, time.time_ns()
             return reply
 
         connection.read_response = stamped_read
         return connection
 
-    def stamped_put(*args: Any, **options: Any) -> Any:
-        if "readable" in stamps:  # (an acquisition's first attempt is a put too, before any message)
-            stamps.setdefault("put", time.time_ns())
-        return put_in_turn(*args, **options)
-
-    feed._connect, store.put_in_turn = stamped_connect, stamped_put
+    feed._connect = stamped_connect
     chains = []
+    out.put("ready")  # (connected and imported: the two start together)
     start.wait()
     try:
         for _ in range(holds):
             stamps.clear()
             with SyncDistributedLock(client, table="locks", key=KEY, lease_duration=30, wait_timeout=5):
-                chains.append(dict(stamps))
+                chain = {**stamps, "held": time.time_ns()}
                 time.sleep(WORK_S)
+                chain["released"] = time.time_ns()
+            chains.append(chain)
     finally:
         client.close()
     out.put(chains)
@@ -86,11 +84,17 @@ def peer_worker(url: str, holds: int, start: Any, out: Any) -> None:
     import redis
 
     client = redis.Redis.from_url(url)
+    client.ping()
+    chains = []
+    out.put("ready")
     start.wait()
     for _ in range(holds):
         with redis_peers.python_redis_lock(client, KEY):
+            chain = {"held": time.time_ns()}
             time.sleep(WORK_S)
-    out.put([])
+            chain["released"] = time.time_ns()
+        chains.append(chain)
+    out.put(chains)
 
 
 def run(library: str, holds: int) -> tuple[list[tuple[float, str, str]], list[dict[str, int]]]:
@@ -123,6 +127,8 @@ def run(library: str, holds: int) -> tuple[list[tuple[float, str, str]], list[di
             raise RuntimeError("MONITOR did not start within 10 s: no server stamps to measure with")
         for worker in workers:
             worker.start()
+        if [out.get(timeout=60) for _ in workers] != ["ready"] * len(workers):
+            raise RuntimeError("a worker did not get ready")
         start.set()
         chains = [chain for _ in workers for chain in out.get(timeout=120)]
         for worker in workers:
@@ -155,36 +161,53 @@ def median_us(values: list[int]) -> str:
     return f"{statistics.median(values) / 1000:,.0f} µs" if values else "n/a"
 
 
+def before(stamps: list[int], when: int) -> int:
+    """The latest of the sorted ``stamps`` before ``when`` (-1: none)."""
+    at = bisect.bisect_right(stamps, when) - 1
+    return stamps[at] if at >= 0 else -1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--holds", type=int, default=300, help="acquisitions per worker (default 300)")
     holds = parser.parse_args().holds
     events, chains = run("fastlease", holds)
-    pairs = handoffs(events, "PUBLISH", "INCR")
-    publishes = [release for release, _ in pairs]
-    incrs = sorted(acquired for _, acquired in pairs)
-    steps: dict[str, list[int]] = {"readable": [], "parsed": [], "put": [], "on the server": []}
+    publishes = sorted(int(when * 1e9) for when, _, command in events if command.startswith("PUBLISH"))
+    releases = sorted(chain["released"] for chain in chains)
+    steps: dict[str, list[int]] = {"release": [], "readable": [], "parsed": [], "held": [], "whole": []}
     for chain in chains:
-        if not {"readable", "parsed", "put"} <= chain.keys():
+        publish = before(publishes, chain.get("readable", -1))
+        released = before(releases, publish)
+        if "readable" not in chain or publish < 0 or released < 0:
             continue  # acquired without a wake-up (the key was free)
-        at = bisect.bisect_right(publishes, chain["readable"]) - 1
-        done = bisect.bisect_left(incrs, chain["put"])
-        if at < 0 or done >= len(incrs):
-            continue
-        steps["readable"].append(chain["readable"] - publishes[at])
+        steps["release"].append(publish - released)
+        steps["readable"].append(chain["readable"] - publish)
         steps["parsed"].append(chain["parsed"] - chain["readable"])
-        steps["put"].append(chain["put"] - chain["parsed"])
-        steps["on the server"].append(incrs[done] - chain["put"])
-    print(f"fastlease, {len(pairs)} handoffs: release's PUBLISH to its next put on the server "
-          f"{median_us([acquired - release for release, acquired in pairs])}")
-    print(f"  PUBLISH -> listener finds it readable   {median_us(steps['readable'])}")
-    print(f"  parsing the message                     {median_us(steps['parsed'])}")
-    print(f"  -> waiting thread calls put_in_turn     {median_us(steps['put'])}")
-    print(f"  -> the put runs on the server           {median_us(steps['on the server'])}")
-    events, _ = run("redis_lock", holds)
-    pairs = handoffs(events, "lpush", "SET")
-    print(f"python-redis-lock, {len(pairs)} handoffs: release's signal (lpush) to the next SET NX on the server "
-          f"{median_us([acquired - release for release, acquired in pairs])}")
+        steps["held"].append(chain["held"] - chain["parsed"])
+        steps["whole"].append(chain["held"] - released)
+    print(f"fastlease, {len(steps['whole'])} handoffs: from the holder's release to the next hold "
+          f"{median_us(steps['whole'])}")
+    print(f"  the release runs on the server (its handover, its PUBLISH)  {median_us(steps['release'])}")
+    print(f"  -> the waiter's listener thread finds the message readable  {median_us(steps['readable'])}")
+    print(f"  -> it has parsed the message                                {median_us(steps['parsed'])}")
+    print(f"  -> the waiting thread holds the lease                       {median_us(steps['held'])}")
+    events, chains = run("redis_lock", holds)
+    releases = sorted(chain["released"] for chain in chains)
+    helds = sorted(chain["held"] for chain in chains)
+    peer: dict[str, list[int]] = {"release": [], "set": [], "held": [], "whole": []}
+    for signal, acquired in handoffs(events, "lpush", "SET"):
+        released, at = before(releases, signal), bisect.bisect_left(helds, acquired)
+        if released < 0 or at >= len(helds):
+            continue
+        peer["release"].append(signal - released)
+        peer["set"].append(acquired - signal)
+        peer["held"].append(helds[at] - acquired)
+        peer["whole"].append(helds[at] - released)
+    print(f"python-redis-lock, {len(peer['whole'])} handoffs: from the holder's release to the next hold "
+          f"{median_us(peer['whole'])}")
+    print(f"  the release runs on the server (its signal, lpush)          {median_us(peer['release'])}")
+    print(f"  -> the waiter's BLPOP returns and its SET NX runs            {median_us(peer['set'])}")
+    print(f"  -> the waiting thread holds the lock                        {median_us(peer['held'])}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """bench/handoff_chain.py stamps fastlease's wake-up chain through the listener's connection and the
-store's ``put_in_turn``: should either be renamed or bypassed, its figures would silently read n/a. Here,
-on a real redis-server, each handoff between its two workers carries every stamp, in order, and the
-pairing of MONITOR's commands finds the handoffs."""
+holder's own block: should the listener's connection be renamed or bypassed, its figures would silently
+read n/a. Here, on a real redis-server, the handoffs between its two workers carry every stamp, in order,
+each after the release's PUBLISH that woke it, and the pairing of MONITOR's commands finds the peer's."""
 
 from __future__ import annotations
 
@@ -15,14 +15,21 @@ import handoff_chain  # noqa: E402
 HOLDS = 20
 
 
-def test_every_woken_acquisition_is_stamped_in_order_and_paired_with_the_server_s_commands(redis_url: str) -> None:
+def test_every_woken_acquisition_is_stamped_in_order_after_the_release_that_woke_it(redis_url: str) -> None:
     # (redis_url: a redis-server must be installed, a failure under CI=true; the bench starts its own.)
     events, chains = handoff_chain.run("fastlease", HOLDS)
     assert len(chains) == 2 * HOLDS
-    woken = [chain for chain in chains if "put" in chain]  # (a message during a first put that won is no chain)
+    publishes = sorted(int(when * 1e9) for when, _, command in events if command.startswith("PUBLISH"))
+    woken = [chain for chain in chains if "readable" in chain]
     # The two workers alternate: all but a few acquisitions (a key found free) come by a wake-up.
     assert len(woken) >= HOLDS, f"only {len(woken)} of {2 * HOLDS} acquisitions were woken by the listener"
     for chain in woken:
-        assert chain["readable"] <= chain["parsed"] <= chain["put"], chain
-    pairs = handoff_chain.handoffs(events, "PUBLISH", "INCR")
+        assert chain["readable"] <= chain["parsed"] <= chain["held"] <= chain["released"], chain
+        assert handoff_chain.before(publishes, chain["readable"]) > 0, chain
+
+
+def test_the_peer_s_handoffs_are_paired_from_the_server_s_commands(redis_url: str) -> None:
+    events, chains = handoff_chain.run("redis_lock", HOLDS)
+    assert len(chains) == 2 * HOLDS and all(chain["held"] <= chain["released"] for chain in chains)
+    pairs = handoff_chain.handoffs(events, "lpush", "SET")
     assert len(pairs) >= HOLDS and all(release < acquired for release, acquired in pairs)
