@@ -299,6 +299,24 @@ def test_a_dead_waiter_first_in_line_is_skipped_once_its_deadline_passes(where):
     assert where.line(holder, "k") == []
 
 
+def test_a_lease_handed_over_to_a_waiter_that_died_in_line_expires_with_the_handover_s_px(where):
+    """A waiter that offered, then died, is handed the lease: the key is held for the handover's 1.5 s (as
+    its place in line would have held up the line), not for the lease's 30 s, and the next waiter takes it
+    at that expiry (woken by its read's PTTL), not a poll later."""
+    holder, client = where.client(), where.client()
+    guard = hold(holder, "k")
+    holder.store.read_in_line("locks", "k", "dead", T, NO_USAGE, None, OFFER)  # its last read, then it died
+    waiter = Waiter(client, "k", wait_s=BOUND_S, lease_s=5)
+    wait_until(lambda: len(where.line(holder, "k")) == 2, BOUND_S, "the waiter behind the dead one")
+    released_at = time.monotonic()
+    guard.__exit__(None, None, None)  # hands the lease over to the dead waiter
+    waiter.join()
+    assert holder.store.read("locks", "k", T, NO_USAGE) is None  # (the waiter released it in turn)
+    assert waiter.token == guard.fencing_token + 2  # the handover's token, then its own
+    expired_at = released_at + OFFER[3] / 1000
+    assert expired_at - 0.05 <= waiter.acquired_at <= expired_at + LONGEST_POLL_S + 1.0
+
+
 def test_a_waiter_that_takes_over_leaves_the_line(where):
     # ACQUIRE in turn leaves the line in its own script; a takeover must leave it apart, or its place would
     # be the head that its own release names, and the next waiter would wait for it to lapse.
