@@ -150,8 +150,9 @@ class HeldLease(Renewable):
         self._turn = False
         self._freed_key: Optional[str] = None  # the slot key whose release gave us the turn (a semaphore's)
         # Where the store hands a released lease over to the head of its line (WaiterLine.hands_over): the
-        # owner our reads in line offer to take it in; their last two offers, newest first, each (version,
-        # monotonic and wall stamps taken before its read); a handover the feed announced, (version, fence).
+        # owner our reads in line offer to take it in (set with our place: a lock's waiter's, else None); their
+        # last two offers, newest first, each (version, monotonic and wall stamps taken before its read); a
+        # handover the feed announced, (version, fence).
         self._offer_owner: Optional[str] = None
         self._offers: tuple[tuple[str, int, int], ...] = ()
         self._handed: Optional[tuple[str, int]] = None  # set by the feed's thread, taken by the caller's

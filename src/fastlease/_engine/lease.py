@@ -68,6 +68,8 @@ class Lease(WaitingLease):
         # (A semaphore's waiters stand in the semaphore key's line, where the store can name it beside a slot's.)
         if self.wait_ms and self._line is not None and (not self._kind or self._line_key is not None):
             self._waiter = new_token()  # our place in the store's line for the key, if we have to wait
+            if self._line_key is None and self._line.hands_over:  # (a lock's waiter: it offers to take the lease)
+                self._offer_owner = self.owner_prefix + new_token()
         try:
             # The store's line takes turns on its own; without one, a returning releaser lets others go first.
             if self.wait_ms and self._waiter is None and signals.should_yield(self._signal_key, start_ns):
@@ -218,13 +220,10 @@ class Lease(WaitingLease):
         self._reads += 1
         try:
             if in_line and self._waiter is not None:
-                if self._line_key is None and not self._kind and self._line.hands_over:
-                    row, self._turn = self._line.read_in_line(self.table, self.key, self._waiter,
-                                                              self._timeout_s(deadline_ns, now_ns), self, None,
-                                                              self._new_offer(now_ns))
-                    return row
+                offer = None if self._offer_owner is None else self._new_offer(now_ns)
                 row, self._turn = self._line.read_in_line(self.table, self.key, self._waiter,
-                                                          self._timeout_s(deadline_ns, now_ns), self, self._line_key)
+                                                          self._timeout_s(deadline_ns, now_ns), self, self._line_key,
+                                                          offer)
                 return row
             return self._store.read(self.table, self.key, self._timeout_s(deadline_ns, now_ns), self)
         except StoreError:
@@ -234,11 +233,9 @@ class Lease(WaitingLease):
     def _new_offer(self, mono_ns: int) -> tuple[str, str, int, int]:
         """Our offer to take the lease over on its release (the store's ``Offer``), for a read in line that
         starts now: a new version each time, stamped (``mono_ns`` and the wall clock) before that read."""
-        if self._offer_owner is None:
-            self._offer_owner = self.owner_prefix + new_token()
         version = new_token()
         self._offers = ((version, mono_ns, self._wall()), *self._offers[:1])
-        return self._offer_owner, version, self.lease_ms, min(self.lease_ms, HANDED_LEASE_MS)
+        return cast(str, self._offer_owner), version, self.lease_ms, min(self.lease_ms, HANDED_LEASE_MS)
 
     def _take_handed(self, version: str, fence: Optional[int]) -> bool:
         """A release handed the lease over to us, in our offer's owner and ``version``: HELD, its validity

@@ -27,7 +27,6 @@ cdef class WaitingLease(HeldLease):
     cdef object _wait_ran_out(self, object last_error, bint reached)
     @cython.final
     cdef _mark_waiting(self, str owner, str version, int64_t deadline_ns)
-    @cython.locals(timeout_s=double)
     @cython.final
     cdef _leave_line(self)
     @cython.final

@@ -142,12 +142,10 @@ class WaitingLease(HeldLease):
         """The wait ended without the lease: give up our place in the key's line (waking the next waiter
         if we had the turn). Best effort: a place not given up is skipped after the store's ALIVE_MS, and a
         lease handed over to us then expires with the handover's PX (timing.HANDED_LEASE_MS)."""
-        timeout_s = request_timeout_ns(self.lease_ms) / 1e9
         try:
-            if self._offer_owner is None:
-                self._line.leave_line(self.table, self.key, self._waiter, timeout_s, self._line_key)
-            else:  # (and a lease handed over to us meanwhile, which we did not take, is deleted)
-                self._line.leave_line(self.table, self.key, self._waiter, timeout_s, self._line_key, self._offer_owner)
+            # (With our offer's owner, a lease handed over to us meanwhile, which we did not take, is deleted.)
+            self._line.leave_line(self.table, self.key, self._waiter, request_timeout_ns(self.lease_ms) / 1e9,
+                                  self._line_key, self._offer_owner)
         except StoreError as error:
             _log.debug("leaving the line for %r failed: %s", self.key, error)
 

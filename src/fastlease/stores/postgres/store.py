@@ -24,6 +24,7 @@ from ..base import (
     LINE_ALIVE_MS,
     NOT_DELETED,
     LockRow,
+    Offer,
     Record,
     UsageMeter,
     outcome_for_log,
@@ -281,11 +282,12 @@ class PostgresStore:
 
     # ---- the line of waiters (stores/base.py's WaiterLine) -------------------------------------------
     def read_in_line(
-        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter, line_key: Optional[str] = None
+        self, table: str, key: str, waiter: str, timeout_s: float, usage: UsageMeter, line_key: Optional[str] = None,
+        offer: Optional[Offer] = None,
     ) -> tuple[Optional[LockRow], bool]:
         """As ``read``, and ``waiter`` takes a place at the end of the line of ``line_key`` (None: the key's
         own), or keeps its own, for LINE_ALIVE_MS more. The row, and whether the key is free and ``waiter``
-        first among the live."""
+        first among the live. (No ``offer`` is given here: ``hands_over`` is False.)"""
         parameters = [key_bytes(key), waiter.encode(), b"%d" % LINE_ALIVE_MS, self.release_feed.turn_name.encode(),
                       key_bytes(key if line_key is None else line_key)]
         result = self._in_line("read_in_line", table, key, READ_IN_LINE, parameters, READ, parameters[:1],
@@ -330,10 +332,12 @@ class PostgresStore:
         return rows, free
 
     def leave_line(
-        self, table: str, key: str, waiter: str, timeout_s: float, line_key: Optional[str] = None
+        self, table: str, key: str, waiter: str, timeout_s: float, line_key: Optional[str] = None,
+        offered_owner: Optional[str] = None,
     ) -> None:
         """``waiter`` gives up its place in the line of ``line_key`` (None: the key's own); if it had the turn
-        and the key is free, the next is announced."""
+        and the key is free, the next is announced. (No ``offered_owner`` is given here: ``hands_over`` is
+        False.)"""
         line = key_bytes(key if line_key is None else line_key)
         self._in_line("leave_line", table, key, LEAVE_LINE, [key_bytes(key), waiter.encode(), line], None, [],
                       timeout_s, True)
