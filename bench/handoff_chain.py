@@ -6,8 +6,9 @@ wall clock. The workers stamp their own steps on the same clock. fastlease's rel
 over to the waiter in its own script (docs/protocol.md, "The handover on Redis"), so its chain is:
 
 * the release's PUBLISH runs on the server (after its handover's INCR of the fencing counter);
-* the waiter's listener thread finds the message readable (``read_response`` is entered), and parses it;
-* the waiting thread, woken by the listener, holds the lease (its ``with`` block begins).
+* the waiter finds the message readable (``read_response`` is entered on the feed's connection: by the
+  waiting thread itself, which reads it while it waits in line, or by the listener thread), and parses it;
+* the waiting thread holds the lease (its ``with`` block begins).
 
 python-redis-lock's waiter blocks in BLPOP on its own connection: from the release's signal (``lpush``)
 to the next ``SET NX`` of the other worker on the server, then to that worker's ``with`` block.
@@ -48,7 +49,7 @@ def fastlease_worker(url: str, holds: int, start: Any, out: Any) -> None:
     stamps: dict[str, int] = {}
     connect = feed._connect
 
-    def stamped_connect() -> Any:  # the listener's connection: stamp each reply read
+    def stamped_connect() -> Any:  # the feed's connection: stamp each reply read, and by which thread
         connection = connect()
         read_response = connection.read_response
 
@@ -58,6 +59,7 @@ def fastlease_worker(url: str, holds: int, start: Any, out: Any) -> None:
             # A message (not a confirmation) before the hold that ends the chain: the latest such woke it.
             if pubsub_event(reply)[0] == "message":
                 stamps["readable"], stamps["parsed"] = readable, time.time_ns()
+                stamps["by_waiter"] = int(threading.current_thread() is threading.main_thread())
             return reply
 
         connection.read_response = stamped_read
@@ -175,11 +177,13 @@ def main() -> None:
     publishes = sorted(int(when * 1e9) for when, _, command in events if command.startswith("PUBLISH"))
     releases = sorted(chain["released"] for chain in chains)
     steps: dict[str, list[int]] = {"release": [], "readable": [], "parsed": [], "held": [], "whole": []}
+    woken = []
     for chain in chains:
         publish = before(publishes, chain.get("readable", -1))
         released = before(releases, publish)
         if "readable" not in chain or publish < 0 or released < 0:
             continue  # acquired without a wake-up (the key was free)
+        woken.append(chain)
         steps["release"].append(publish - released)
         steps["readable"].append(chain["readable"] - publish)
         steps["parsed"].append(chain["parsed"] - chain["readable"])
@@ -188,7 +192,9 @@ def main() -> None:
     print(f"fastlease, {len(steps['whole'])} handoffs: from the holder's release to the next hold "
           f"{median_us(steps['whole'])}")
     print(f"  the release runs on the server (its handover, its PUBLISH)  {median_us(steps['release'])}")
-    print(f"  -> the waiter's listener thread finds the message readable  {median_us(steps['readable'])}")
+    by_waiter = sum(chain.get("by_waiter", 0) for chain in woken)
+    print(f"  -> the waiter finds the message readable                    {median_us(steps['readable'])}"
+          f"  (read by the waiting thread itself: {by_waiter} of {len(woken)})")
     print(f"  -> it has parsed the message                                {median_us(steps['parsed'])}")
     print(f"  -> the waiting thread holds the lease                       {median_us(steps['held'])}")
     events, chains = run("redis_lock", holds)

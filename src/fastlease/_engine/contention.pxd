@@ -31,7 +31,7 @@ cdef class ReleaseSignals:
     cdef Mutex _mutex
     cdef dict _contended
 
-    cpdef wait(self, object clock, tuple cache_key, object ticket, double timeout_s)
+    cpdef wait(self, object clock, tuple cache_key, object ticket, double timeout_s, object reader=*)
     cpdef leave(self, tuple cache_key, object ticket, bint acquired)
     cpdef notify(self, tuple cache_key)
     cpdef released(self, tuple cache_key, bint others_waiting, int64_t now_ns)

@@ -10,6 +10,7 @@ from .timing import OBSERVATION_CACHE_SIZE, YIELD_WINDOW_MS, new_mutex
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:  # annotations only
     import threading
+    from typing import Callable, Optional
 
     from .timing import Clock
 
@@ -87,15 +88,20 @@ class ReleaseSignals:
         # the uncontended path.
         self._contended: dict[tuple[str, str], int] = {}
 
-    def wait(self, clock: Clock, cache_key: tuple[str, str], ticket: threading.Event, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` (or until woken), queued behind earlier waiters on the key."""
+    def wait(self, clock: Clock, cache_key: tuple[str, str], ticket: threading.Event, timeout_s: float,
+             reader: Optional[Callable[[threading.Event, float], bool]] = None) -> None:
+        """Wait up to ``timeout_s`` (or until woken), queued behind earlier waiters on the key; with
+        ``reader`` (the release feed's ``wait_reading``, on the system clock), waiting in it instead."""
         with self._mutex:
             queue = self._queues.get(cache_key)
             if queue is None:
                 queue = self._queues[cache_key] = []
             if ticket not in queue:
                 queue.append(ticket)
-        clock.wait(ticket, timeout_s)
+        if reader is None:
+            clock.wait(ticket, timeout_s)
+        else:
+            reader(ticket, timeout_s)
 
     def leave(self, cache_key: tuple[str, str], ticket: threading.Event, acquired: bool) -> None:
         """The waiter's acquisition is over; without the lease, it hands an unused wake-up on."""

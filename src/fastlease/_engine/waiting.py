@@ -14,7 +14,7 @@ from ..exceptions import LockNotAcquired, StoreError
 from .engine import describe_store_error
 from .held import HeldLease
 from .timing import NS_PER_MS as _NS_PER_MS
-from .timing import POLL_IN_LINE_MS, POLL_INTERVAL_MS, jitter, request_timeout_ns, seconds_text
+from .timing import POLL_IN_LINE_MS, POLL_INTERVAL_MS, SYSTEM_CLOCK, jitter, request_timeout_ns, seconds_text
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:  # annotations only
@@ -92,7 +92,13 @@ class WaitingLease(HeldLease):
                 self._clock.wait(watch.ready, min(delay_ns, _LONGEST_POLL_NS) / 1e9)
                 if after_attempt:
                     return
-        signals.wait(self._clock, self._signal_key, self._ticket, delay_ns / 1e9)
+        reader = None
+        watch = self._watch
+        if self._waiter is not None and watch is not None and watch.ready.is_set() and self._clock is SYSTEM_CLOCK:
+            # In line, with the feed's reports flowing: our turn comes as a message, so wait reading the
+            # feed ourselves where the feed can (no thread switch between the message and our write).
+            reader = getattr(self._feed, "wait_reading", None)
+        signals.wait(self._clock, self._signal_key, self._ticket, delay_ns / 1e9, reader)
 
     def _wake_on_release(self) -> None:
         """The feed saw the key released somewhere: wake this client's oldest waiter on it."""

@@ -7,6 +7,8 @@ dispatch, disconnect. See ``stores/base.py`` (``ReleaseFeed``) for what a feed m
 from __future__ import annotations
 
 import itertools
+import os
+import select
 import threading
 import time
 from functools import partial
@@ -89,6 +91,17 @@ class ListenerFeed:
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self.delivered = 0
+        #: Held by the one thread doing the connection's I/O: the listener, or a waiting thread that reads
+        #: in its stead (``wait_reading``).
+        self._io = threading.Lock()
+        self._connection: Any = None  # the listener's connection, while it has one
+        self._readers = 0  # waiting threads that would read in the listener's stead
+        #: The ident of the waiting thread doing the connection's I/O, if one is (else the listener may).
+        self.reading_thread: Optional[int] = None
+        self._no_readers = threading.Condition(self._lock)
+        #: The listener's pipe (read end, write end), while it runs: a waiting thread that would read
+        #: writes a byte, so that the listener leaves its wait for messages at once and lets it read.
+        self._poke: Optional[tuple[int, int]] = None
 
     def _watch(self, name: Any, watcher: Any, waiter: Optional[str] = None, turn: Any = None) -> Watch:
         """Add ``watcher`` to channel ``name`` (and ``turn``, for a message that names ``waiter``) and start
@@ -165,31 +178,117 @@ class ListenerFeed:
         for wake in wakes:
             wake()
 
+    # ---- reading on a waiting thread ---------------------------------------------------------------
+    def wait_reading(self, ticket: threading.Event, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for ``ticket`` (a waiter's, in a key's line), doing the listener's work
+        on this thread meanwhile when no other thread does it: a message that gives this waiter its turn
+        then reaches it without a switch to another thread (the listener's wake-up of this one). Messages
+        for other waiters are dispatched as the listener would. The listener, poked through its pipe, gives
+        the connection up at once; several waiting threads of one client read a tick each in turn. A ticket
+        set by another thread (a release in this process, ``cancel``) is seen within a listener tick.
+        Returns whether the ticket is set; never raises (a lost connection is left to the listener)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._readers += 1
+            if self._poke is not None:
+                try:
+                    os.write(self._poke[1], b"\0")
+                except OSError:  # (full: the listener has been poked already)
+                    pass
+        try:
+            while not ticket.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                # (The listener, poked, lets go within microseconds; another waiting thread, after its tick.)
+                if not self._io.acquire(timeout=min(remaining, LISTENER_TICK_S)):
+                    continue
+                read = False
+                self.reading_thread = threading.get_ident()
+                try:
+                    connection = self._connection  # (None: the listener is to connect again)
+                    while connection is not None and not self._stop.is_set() and remaining > 0:
+                        read = self._step(connection, min(remaining, LISTENER_TICK_S))
+                        if not read or ticket.is_set() or self._readers > 1:
+                            break
+                        remaining = deadline - time.monotonic()
+                except BaseException:  # (KeyboardInterrupt, say: the connection may be left mid-message)
+                    if self._connection is not None:
+                        self._drop(self._connection)
+                    raise
+                finally:
+                    self.reading_thread = None
+                    self._io.release()
+                if not read or self._readers > 1:  # (another waiting thread would read: its turn)
+                    ticket.wait(max(0.0, min(deadline - time.monotonic(), LISTENER_TICK_S)))
+            return True
+        finally:
+            with self._lock:
+                self._readers -= 1
+                if not self._readers:
+                    self._no_readers.notify_all()
+
+    def _wait_readable(self, sockets: list[Any], timeout_s: float) -> bool:
+        """Under ``_io``: wait up to ``timeout_s`` for one of ``sockets`` (file descriptors or objects with
+        ``fileno``) to be readable. A waiting thread's call to read in the listener's stead ends the wait
+        early (False, unless a socket is readable too)."""
+        poller = select.poll()
+        for sock in sockets:
+            poller.register(sock, select.POLLIN)
+        poke = self._poke
+        if poke is not None:
+            poller.register(poke[0], select.POLLIN)
+        events = poller.poll(max(0.0, timeout_s) * 1000)
+        if poke is not None and any(fd == poke[0] for fd, _ in events):
+            try:
+                os.read(poke[0], 4096)
+            except OSError:
+                pass
+        return any(poke is None or fd != poke[0] for fd, _ in events)
+
+    def _step(self, connection: Any, timeout_s: float) -> bool:
+        """Under ``_io``: one tick of the listener's work on ``connection``. On a listener error, the
+        connection is dropped (the listener makes another) and False returned."""
+        try:
+            self._send_changes(connection)
+            self._read(connection, timeout_s)
+            self._wake_expired()
+            return True
+        except self.listener_errors:
+            self._drop(connection)
+            return False
+
+    def _drop(self, connection: Any) -> None:
+        """Under ``_io``: close ``connection``, which the listener then makes again (subscribed to nothing)."""
+        self._connection = None
+        with self._lock:
+            self._forget_subscriptions()
+        try:
+            self._disconnect(connection)
+        except self.listener_errors:
+            pass
+
     # ---- the listener thread -----------------------------------------------------------------------
     def _listen(self) -> None:
-        connection: Any = None
         backoff_s = 0.05
         idle_since = time.monotonic()
+        poke = os.pipe()
+        for fd in poke:
+            os.set_blocking(fd, False)
+        with self._lock:
+            self._poke = poke
         try:
             while not self._stop.is_set():
-                try:
-                    if connection is None:
-                        connection = self._connect()
-                        with self._lock:  # a new connection is subscribed to nothing yet
-                            self._forget_subscriptions()
-                        backoff_s = 0.05
-                    self._send_changes(connection)
-                    self._read(connection)
-                    self._wake_expired()
-                except self.listener_errors:
-                    if connection is not None:
-                        self._disconnect(connection)
-                    connection = None
-                    with self._lock:
-                        self._forget_subscriptions()
+                with self._lock:  # a waiting thread reads in our stead: leave the connection to it
+                    while self._readers and self._connection is not None and not self._stop.is_set():
+                        self._no_readers.wait(LISTENER_TICK_S)
+                with self._io:
+                    stepped = self._connect_and_step()
+                if not stepped:
                     self._stop.wait(backoff_s)  # the waiters poll meanwhile
                     backoff_s = min(backoff_s * 2, 1.0)
                     continue
+                backoff_s = 0.05
                 with self._lock:
                     if self._channels:
                         idle_since = time.monotonic()
@@ -197,8 +296,26 @@ class ListenerFeed:
                         self._thread = None
                         return
         finally:
-            if connection is not None:
-                self._disconnect(connection)
+            with self._io:
+                if self._connection is not None:
+                    self._disconnect(self._connection)
+                    self._connection = None
+                with self._lock:  # (no thread pokes or waits on the pipe now)
+                    self._poke = None
+                for fd in poke:
+                    os.close(fd)
+
+    def _connect_and_step(self) -> bool:
+        """Under ``_io``: connect if there is no connection, then one tick; False on a listener error."""
+        if self._connection is None:
+            try:
+                connection = self._connect()
+            except self.listener_errors:
+                return False
+            self._connection = connection
+            with self._lock:  # a new connection is subscribed to nothing yet
+                self._forget_subscriptions()
+        return self._step(self._connection, LISTENER_TICK_S)
 
     def _new_channel(self) -> Any:
         return WatchedChannel()
@@ -212,7 +329,8 @@ class ListenerFeed:
     def _send_changes(self, connection: Any) -> None:
         raise NotImplementedError
 
-    def _read(self, connection: Any) -> None:
+    def _read(self, connection: Any, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for messages on ``connection``, and dispatch what arrived."""
         raise NotImplementedError
 
     def _forget_subscriptions(self) -> None:

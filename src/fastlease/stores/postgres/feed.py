@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-import select
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel, parse_turn, turn_wake
+from .._release_feed import LINGER_S, ListenerFeed, Watch, WatchedChannel, parse_turn, turn_wake
 
 if TYPE_CHECKING:  # annotations only
     from .session import Session
@@ -128,12 +127,10 @@ class PostgresReleaseFeed(ListenerFeed):
                     listened.listening = True
                     listened.ready.set()
 
-    def _read(self, session: Session) -> None:
-        """Wait up to a tick for notifications, and wake the waiters of each key released."""
+    def _read(self, session: Session, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for notifications, and wake the waiters of each key released."""
         pgconn = session.pgconn
-        poller = select.poll()
-        poller.register(pgconn.socket, select.POLLIN)
-        if poller.poll(LISTENER_TICK_S * 1000):
+        if self._wait_readable([pgconn.socket], timeout_s):
             pgconn.consume_input()  # raises on a connection the server ended
             from psycopg import pq
 

@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Optional
 
 from ...exceptions import StoreError
-from .._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
+from .._release_feed import LINGER_S, ListenerFeed, Watch, WatchedChannel
 from .replies import pubsub_event, reply_code
 
 __all__ = ["RedisClusterReleaseFeed"]
@@ -147,17 +147,21 @@ class RedisClusterReleaseFeed(ListenerFeed):
             # One channel per command: a command's shard channels must all be in one slot.
             connection.send_command(b"SSUBSCRIBE", name, check_health=False)
 
-    def _read(self, links: _Links) -> None:
+    def _read(self, links: _Links, timeout_s: float) -> None:
         if not links.by_node:
-            self._stop.wait(LISTENER_TICK_S)
+            self._stop.wait(timeout_s)
             return
-        share = LISTENER_TICK_S / len(links.by_node)
         redis = self._store._redis
+        waited = False
         for node, connection in list(links.by_node.items()):
             try:
-                while connection.can_read(timeout=share):
+                if not waited and not connection.can_read(timeout=0):
+                    # Nothing here yet: wait for any node's connection at once, then look at each.
+                    waited = True
+                    self._wait_readable([other._sock for other in links.by_node.values()], timeout_s)
+                while connection.can_read(timeout=0):
                     self._dispatch(node, connection.read_response())
-                    share = 0
+                    waited = True  # (then the others are only looked at)
             except redis.exceptions.ResponseError as error:
                 if reply_code(redis, error) not in ("MOVED", "ASK", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN"):
                     self.unsupported = True  # e.g. "unknown command 'SSUBSCRIBE'": poll from now on

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from .._release_feed import LINGER_S, LISTENER_TICK_S, ListenerFeed, Watch, WatchedChannel
+from .._release_feed import LINGER_S, ListenerFeed, Watch, WatchedChannel
 from .replies import pubsub_event
 from .scripts import release_channel
 
@@ -74,8 +74,8 @@ class RedisReleaseFeed(ListenerFeed):
             channel.subscribed = False
             channel.outstanding = 0
 
-    def _read(self, connection: Any) -> None:
-        if connection.can_read(timeout=LISTENER_TICK_S):
+    def _read(self, connection: Any, timeout_s: float) -> None:
+        if connection.can_read(timeout=0) or self._wait_readable([connection._sock], timeout_s):
             self._dispatch(connection.read_response())
             while connection.can_read(timeout=0):
                 self._dispatch(connection.read_response())
