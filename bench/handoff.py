@@ -119,7 +119,9 @@ def run_worker(library: str, client: Any, seconds: float, start_at: float) -> di
         waits.append(acquired - tried)
     if library in REDIS_PEERS or library in SEMAPHORE_PEERS or library == ADVISORY:
         return {"holds": holds, "waits": waits, "reads": None, "waited_ms": 0.0}
-    return {"holds": holds, "waits": waits, "reads": reads, "waited_ms": waited_ms}
+    feed = getattr(getattr(client, "store", None), "release_feed", None)  # (the release messages it read)
+    return {"holds": holds, "waits": waits, "reads": reads, "waited_ms": waited_ms,
+            "messages": None if feed is None else feed.received}
 
 
 def process_worker(library: str, endpoint: str, seconds: float, start: Any, go: Any, out: Any) -> None:
@@ -196,6 +198,10 @@ def summarise(name: str, results: list[dict[str, Any]]) -> None:
         read_columns = f"{reads / max(total, 1):>11.2f}{reads / max(waited_s, 1e-9):>14.1f}"
     print(f"{name:<{LABEL_WIDTH}}{total:>7}{p50:>10.2f}{p99:>10.1f}   {share_text:<23}"
           + read_columns)
+    messages = [result.get("messages") for result in results]
+    if messages and all(count is not None for count in messages) and sum(messages):  # (none when polling only)
+        per_acquisition = sum(messages) / max(total, 1)
+        print(f"  (release messages read by all the workers' feeds: {per_acquisition:.2f} per acquisition)")
 
 
 def threads_on_memory(library: str, seconds: float, workers: int = WORKERS) -> list[dict[str, Any]]:

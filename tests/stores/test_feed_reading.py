@@ -14,6 +14,10 @@ import pytest
 from fastlease import SyncDistributedLock
 from fastlease.exceptions import LockNotAcquired
 from fastlease.redis import RedisClient
+from fastlease.stores import _release_feed
+from fastlease.stores.postgres import feed as postgres_feed
+from fastlease.stores.redis import cluster_feed
+from fastlease.stores.redis import feed as redis_feed
 from fastlease.testing import NO_USAGE
 from helpers.waiting import wait_until
 
@@ -202,5 +206,45 @@ def test_an_interrupt_while_a_waiting_thread_reads_closes_the_connection_and_the
             feed.wait_reading(threading.Event(), BOUND_S)
         releaser.join(BOUND_S)
         wait_until(lambda: subscribers(store, "k") not in ([], [first]), BOUND_S, "the listener's new subscription")
+    finally:
+        feed.unwatch(watch)
+
+
+def test_a_listener_that_exits_idle_closes_its_connection_and_the_next_wait_starts_another(client, monkeypatch):
+    for module in (redis_feed, cluster_feed, postgres_feed):
+        monkeypatch.setattr(module, "LINGER_S", 0.0)
+    monkeypatch.setattr(_release_feed, "LISTENER_IDLE_EXIT_S", 0.05)
+    feed = client.store.release_feed
+    watch = feed.watch("locks", "k", lambda: None)
+    wait_until(watch.ready.is_set, BOUND_S, "the subscription")
+    first = feed._thread
+    feed.unwatch(watch)
+    wait_until(lambda: not first.is_alive(), BOUND_S, "the idle listener to exit")
+    assert feed._connection is None and feed._poke is None
+    # The next wait in line starts another listener, which reads until a thread waits reading, as before.
+    guard = hold(client, "k")
+    ran_on: list[str] = []
+    ticket = threading.Event()
+    watch = in_line(client, "k", "w-a", ran_on, ticket)
+    try:
+        assert feed._thread is not first and feed._poke is not None
+        guard.__exit__(None, None, None)
+        assert ticket.wait(BOUND_S) and ran_on == [feed.thread_name]
+    finally:
+        feed.unwatch(watch)
+
+
+def test_a_message_that_names_another_waiter_is_read_but_wakes_nobody(client):
+    store, feed = client.store, client.store.release_feed
+    guard = hold(client, "k")
+    store.read_in_line("locks", "k", "w-x", T, NO_USAGE)  # first in line: a waiter this client does not watch for
+    ran_on: list[str] = []
+    ticket = threading.Event()
+    watch = in_line(client, "k", "w-a", ran_on, ticket)
+    try:
+        received, delivered = feed.received, feed.delivered
+        guard.__exit__(None, None, None)  # w-x's turn
+        wait_until(lambda: feed.received > received, BOUND_S, "the release's message")
+        assert feed.delivered == delivered and not ticket.is_set() and ran_on == []
     finally:
         feed.unwatch(watch)

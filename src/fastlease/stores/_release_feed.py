@@ -28,6 +28,9 @@ LISTENER_TICK_S = 0.01
 LINGER_S = 2.0
 #: The listener thread exits after this long with no channel; the next watch starts another.
 LISTENER_IDLE_EXIT_S = 30.0
+#: After a connection is lost, the listener connects again this long after (seconds), doubled up to the
+#: second figure while each new connection fails before a tick of work.
+RECONNECT_BACKOFF_S = (0.05, 1.0)
 
 
 def parse_turn(payload: bytes) -> tuple[bytes, Optional[str]]:
@@ -78,7 +81,7 @@ class Watch:
 class ListenerFeed:
     """A release feed's watch list and listener thread. Subclasses give ``_new_channel``, ``_connect``,
     ``_disconnect``, ``_send_changes``, ``_read``, ``_forget_subscriptions`` and ``listener_errors``.
-    ``delivered`` counts the messages that woke a waiter."""
+    ``delivered`` counts the messages that woke a waiter, ``received`` every message read."""
 
     thread_name = "fastlease-feed"
     #: The errors that end the listener's connection (it connects again after a back-off).
@@ -90,18 +93,27 @@ class ListenerFeed:
         self._idents = itertools.count(1)
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
+        # Written under ``_io`` by whichever thread reads the connection (the listener or a waiting thread):
         self.delivered = 0
+        self.received = 0  # the messages read, whether or not they woke a waiter of this client
         #: Held by the one thread doing the connection's I/O: the listener, or a waiting thread that reads
         #: in its stead (``wait_reading``).
         self._io = threading.Lock()
-        self._connection: Any = None  # the listener's connection, while it has one
-        self._readers = 0  # waiting threads that would read in the listener's stead
-        #: The ident of the waiting thread doing the connection's I/O, if one is (else the listener may).
+        #: The listener's connection, while it has one: made by the listener, dropped by the thread whose
+        #: read failed (either), always under ``_io``.
+        self._connection: Any = None
+        self._readers = 0  # waiting threads that would read in the listener's stead (each counts itself, under _lock)
+        #: The ident of the waiting thread doing the connection's I/O (set and cleared by it, under ``_io``).
         self.reading_thread: Optional[int] = None
         self._no_readers = threading.Condition(self._lock)
-        #: The listener's pipe (read end, write end), while it runs: a waiting thread that would read
-        #: writes a byte, so that the listener leaves its wait for messages at once and lets it read.
+        #: The listener's pipe (read end, write end), while it runs (set and cleared by the listener, under
+        #: ``_lock``): a waiting thread that would read writes a byte, so that the listener leaves its wait
+        #: for messages at once and lets it read.
         self._poke: Optional[tuple[int, int]] = None
+        #: The reconnection back-off (written under ``_io`` by the thread that lost or made a connection):
+        #: the next one's length, and when the listener may connect again (monotonic seconds).
+        self._backoff_s = RECONNECT_BACKOFF_S[0]
+        self._retry_at = 0.0
 
     def _watch(self, name: Any, watcher: Any, waiter: Optional[str] = None, turn: Any = None) -> Watch:
         """Add ``watcher`` to channel ``name`` (and ``turn``, for a message that names ``waiter``) and start
@@ -173,6 +185,7 @@ class ListenerFeed:
 
     def _wake_all(self, wakes: list[Callable[[], None]]) -> None:
         """Call the wakes of one message (outside the lock: a wake only sets events)."""
+        self.received += 1
         if wakes:
             self.delivered += 1
         for wake in wakes:
@@ -186,7 +199,8 @@ class ListenerFeed:
         for other waiters are dispatched as the listener would. The listener, poked through its pipe, gives
         the connection up at once; several waiting threads of one client read a tick each in turn. A ticket
         set by another thread (a release in this process, ``cancel``) is seen within a listener tick.
-        Returns whether the ticket is set; never raises (a lost connection is left to the listener)."""
+        Returns whether the ticket is set. A lost connection is left to the listener to make again; an
+        interruption on this thread (``KeyboardInterrupt``) closes the connection, then propagates."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             self._readers += 1
@@ -253,13 +267,16 @@ class ListenerFeed:
             self._send_changes(connection)
             self._read(connection, timeout_s)
             self._wake_expired()
+            self._backoff_s = RECONNECT_BACKOFF_S[0]
             return True
         except self.listener_errors:
             self._drop(connection)
             return False
 
     def _drop(self, connection: Any) -> None:
-        """Under ``_io``: close ``connection``, which the listener then makes again (subscribed to nothing)."""
+        """Under ``_io``: close ``connection``, which the listener then makes again (subscribed to nothing)
+        after a back-off: 50 ms, doubled up to 1 s while each new connection fails before a tick of work."""
+        self._back_off()
         self._connection = None
         with self._lock:
             self._forget_subscriptions()
@@ -270,7 +287,6 @@ class ListenerFeed:
 
     # ---- the listener thread -----------------------------------------------------------------------
     def _listen(self) -> None:
-        backoff_s = 0.05
         idle_since = time.monotonic()
         poke = os.pipe()
         for fd in poke:
@@ -284,33 +300,46 @@ class ListenerFeed:
                         self._no_readers.wait(LISTENER_TICK_S)
                 with self._io:
                     stepped = self._connect_and_step()
-                if not stepped:
-                    self._stop.wait(backoff_s)  # the waiters poll meanwhile
-                    backoff_s = min(backoff_s * 2, 1.0)
+                if not stepped:  # (the waiters poll meanwhile)
+                    self._stop.wait(max(self._retry_at - time.monotonic(), LISTENER_TICK_S / 10))
                     continue
-                backoff_s = 0.05
                 with self._lock:
                     if self._channels:
                         idle_since = time.monotonic()
                     elif time.monotonic() - idle_since > LISTENER_IDLE_EXIT_S:
-                        self._thread = None
+                        self._thread = None  # (a watch made from now on starts another listener)
                         return
         finally:
-            with self._io:
-                if self._connection is not None:
-                    self._disconnect(self._connection)
-                    self._connection = None
-                with self._lock:  # (no thread pokes or waits on the pipe now)
+            self._close(poke)
+
+    def _close(self, poke: tuple[int, int]) -> None:
+        """The end of the listener whose pipe is ``poke``: the pipe closed, and the connection too unless a
+        listener started since (after an idle exit) has taken both over, with their subscriptions."""
+        with self._io:
+            with self._lock:
+                ours = self._poke is poke
+                if ours:
                     self._poke = None
-                for fd in poke:
-                    os.close(fd)
+            if ours and self._connection is not None:
+                self._drop(self._connection)
+        for fd in poke:
+            os.close(fd)
+
+    def _back_off(self) -> None:
+        """Under ``_io``: no new connection before the back-off has passed, and the next back-off longer."""
+        self._retry_at = time.monotonic() + self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, RECONNECT_BACKOFF_S[1])
 
     def _connect_and_step(self) -> bool:
-        """Under ``_io``: connect if there is no connection, then one tick; False on a listener error."""
+        """Under ``_io``: connect if there is no connection (once the back-off has passed), then one tick;
+        False on a listener error, or while the back-off lasts."""
         if self._connection is None:
+            if time.monotonic() < self._retry_at:
+                return False
             try:
                 connection = self._connect()
             except self.listener_errors:
+                self._back_off()
                 return False
             self._connection = connection
             with self._lock:  # a new connection is subscribed to nothing yet
