@@ -144,7 +144,9 @@ class LockStore(Protocol):
 class ReleaseFeed(Protocol):
     """Optional: releases made by any process, reported to this one (Redis pub/sub). A client whose
     store has one sets ``client.engine.release_feed``; a waiting lease then watches its key and is woken at
-    once instead of at its next poll. Only a hint: a lost report leaves the waiter to its poll."""
+    once instead of at its next poll. Only a hint: a lost report leaves the waiter to its poll. A feed may
+    also offer ``wait_reading(ticket, timeout_s)`` (``_release_feed.ListenerFeed``): the engine then waits
+    there, in a key's line on the system clock, reading the feed on the waiting thread itself."""
 
     def watch(self, table: str, key: str, wake: Callable[[], None]) -> Any:
         """Call ``wake()`` whenever the key is released, until ``unwatch``. Returns a watch with
