@@ -411,14 +411,15 @@ def test_the_async_api_runs_on_redis(make_redis, redis_db):
 def test_a_client_with_its_own_protocol_and_decoding_works_the_same(make_redis, redis_db, redis_url, protocol):
     import redis
 
-    from fastlease.stores.redis.scripts import release_channel
+    from fastlease.stores.redis.scripts import release_channel, turn_channel
 
     user_client = redis.Redis.from_url(redis_url, protocol=protocol, decode_responses=True)
     client, other = make_redis(user_client), make_redis()
-    # The release's message, seen by a subscriber of our own: the waiter's feed may not be what wakes it
-    # (a poll of its own can find its turn in the half millisecond before the message arrives).
+    # The release's message, seen by a subscriber of our own to the waiter's client's turn channel: the
+    # waiter's feed may not be what wakes it (a poll of its own can find its turn in the half millisecond
+    # before the message arrives).
     probe = redis_db.pubsub()
-    probe.subscribe(release_channel("locks", "é:k"))
+    probe.subscribe(turn_channel(release_channel("locks", "é:k"), other.store.client_token))
     wait_until(lambda: probe.get_message(timeout=0.1), BOUND_S, "our subscription's confirmation")
     with SyncDistributedLock(client, table="locks", key="é:k") as lease:
         [row] = client.inspect("locks")
@@ -430,7 +431,8 @@ def test_a_client_with_its_own_protocol_and_decoding_works_the_same(make_redis, 
                    "the waiter's subscription")
     waiter.join()
     message = wait_until(lambda: probe.get_message(timeout=0.1), BOUND_S, "the release's message")
-    assert message["type"] == "message" and message["data"] not in (b"", b"1"), message  # it names the waiter
+    assert message["type"] == "message", message
+    assert message["data"].startswith(other.store.client_token.encode() + b"~"), message  # it names the waiter
     assert waiter.token == 2 and other.store.release_feed.delivered <= 1
     probe.close()
     user_client.close()

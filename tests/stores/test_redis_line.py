@@ -47,7 +47,10 @@ class Where:
         return client.store.call(key, T, *command)
 
     def line(self, client: RedisClient, key: str) -> list[bytes]:
-        return self.raw(client, key, b"ZRANGE", self.layout.line("locks", key), 0, -1)
+        """The ids in ``key``'s line, those of ``client``'s waiters without its token (as the engine knows them)."""
+        own = client.store.client_token.encode() + b"~"
+        ids = self.raw(client, key, b"ZRANGE", self.layout.line("locks", key), 0, -1)
+        return [waiter.removeprefix(own) for waiter in ids]
 
     def server_ms(self, client: RedisClient, key: str) -> int:
         seconds, micros = self.raw(client, key, b"TIME")
@@ -55,7 +58,8 @@ class Where:
 
     def add_waiter(self, client: RedisClient, key: str, waiter: str, alive_for_ms: int, score: int = 0) -> None:
         """Put ``waiter`` in ``key``'s line as a waiter that read last and then stopped: first (score 0),
-        alive ``alive_for_ms`` more (negative: already dead)."""
+        alive ``alive_for_ms`` more (negative: already dead), as ``client``'s."""
+        waiter = client.store.line_id(waiter)
         self.raw(client, key, b"ZADD", self.layout.line("locks", key), score, waiter)
         self.raw(client, key, b"HSET", self.layout.alive("locks", key), waiter,
                  self.server_ms(client, key) + alive_for_ms)
@@ -88,7 +92,7 @@ def test_a_read_in_line_keeps_a_place_and_says_whose_turn_it_is(where):
     assert store.read_in_line("locks", "k", "w-b", T, NO_USAGE) == (None, False)  # free, but a's turn
     assert store.read_in_line("locks", "k", "w-a", T, NO_USAGE) == (None, True)  # a keeps its place
     assert where.line(client, "k") == [b"w-a", b"w-b"]
-    deadline = int(where.raw(client, "k", b"HGET", where.layout.alive("locks", "k"), "w-b"))
+    deadline = int(where.raw(client, "k", b"HGET", where.layout.alive("locks", "k"), store.line_id("w-b")))
     assert 0 < deadline - where.server_ms(client, "k") <= ALIVE_MS
     guard = hold(client, "k")
     try:
@@ -150,6 +154,64 @@ def test_leaving_the_line_with_the_turn_hands_it_to_the_next_waiter(where):
         feed.unwatch(watch_b)
 
 
+def watch_turns(client: RedisClient, waiter: str) -> tuple[threading.Event, Any]:
+    """Watch "k" as ``waiter`` of ``client`` would, once subscribed: an event set by its turn, and the watch."""
+    feed, told = client.store.release_feed, threading.Event()
+    watch = feed.watch("locks", "k", lambda: None, waiter, told.set)
+    wait_until(lambda: feed.subscribed("locks", "k"), BOUND_S, "the subscriptions")
+    return told, watch
+
+
+def test_a_turn_is_read_only_by_the_client_whose_waiter_it_names(where):
+    holder, first, second = where.client(), where.client(), where.client()
+    assert holder.store.put_if_absent("locks", "k", "o1", "v1", 30_000, T, NO_USAGE) == 1
+    first.store.read_in_line("locks", "k", "w-a", T, NO_USAGE)
+    second.store.read_in_line("locks", "k", "w-b", T, NO_USAGE)
+    (told_a, watch_a), (told_b, watch_b) = watch_turns(first, "w-a"), watch_turns(second, "w-b")
+    feed_a, feed_b = first.store.release_feed, second.store.release_feed
+    read_a, read_b = feed_a.received, feed_b.received
+    try:
+        holder.store.delete_if_owner("locks", "k", "o1", T, NO_USAGE)  # w-a's turn, on its client's channel
+        assert told_a.wait(BOUND_S) and feed_a.received == read_a + 1
+        assert first.store.put_in_turn("locks", "k", "o2", "v2", 30_000, "w-a", T, NO_USAGE) == 2
+        first.store.delete_if_owner("locks", "k", "o2", T, NO_USAGE)  # w-b's turn
+        # One connection delivers in order: had the second client read the first turn, it would count two.
+        assert told_b.wait(BOUND_S) and feed_b.received == read_b + 1
+    finally:
+        feed_a.unwatch(watch_a)
+        feed_b.unwatch(watch_b)
+
+
+def test_a_waiter_id_without_a_client_token_has_its_turn_on_the_key_s_channel(where):
+    # A waiter of an earlier version (its id has no "<token>~") is first in line; a client of this version
+    # watches the key with no waiter in line, so it listens on the key's channel alone.
+    holder, watcher = where.client(), where.client()
+    assert holder.store.put_if_absent("locks", "k", "o1", "v1", 30_000, T, NO_USAGE) == 1
+    where.raw(holder, "k", b"ZADD", where.layout.line("locks", "k"), 0, "old-waiter")
+    where.raw(holder, "k", b"HSET", where.layout.alive("locks", "k"), "old-waiter",
+              where.server_ms(holder, "k") + 60_000)
+    feed = watcher.store.release_feed
+    watch = feed.watch("locks", "k", lambda: None)
+    try:
+        wait_until(lambda: feed.subscribed("locks", "k"), BOUND_S, "the subscription")
+        received = feed.received
+        holder.store.delete_if_owner("locks", "k", "o1", T, NO_USAGE)
+        wait_until(lambda: feed.received == received + 1, BOUND_S, "the turn, on the key's channel")
+    finally:
+        feed.unwatch(watch)
+
+
+def test_a_turn_published_on_the_key_s_channel_by_an_earlier_version_still_reaches_its_waiter(where):
+    client = where.client()
+    told, watch = watch_turns(client, "w-a")
+    publish = b"PUBLISH" if where.layout is NodeLayout else b"SPUBLISH"
+    try:
+        where.raw(client, "k", publish, where.layout.channel("locks", "k"), client.store.line_id("w-a"))
+        assert told.wait(BOUND_S)
+    finally:
+        client.store.release_feed.unwatch(watch)
+
+
 def test_a_message_wakes_the_waiter_it_names_and_one_without_a_name_wakes_all():
     feed, channel = ListenerFeed(), WatchedChannel()
     channel.watchers = {1: "wake-1", 2: "wake-2"}
@@ -193,7 +255,7 @@ def test_a_release_hands_the_lease_over_to_the_head_of_the_line_in_the_owner_its
         # The PX of the handover, not the lease's own: a waiter that died in line holds the key 1.5 s at most.
         assert 0 < where.raw(client, "k", b"PTTL", where.layout.lease("locks", "k")) <= 1_500
         assert where.line(client, "k") == [b"w-b"]  # taken out of the line, its offer gone
-        assert where.raw(client, "k", b"HGET", where.layout.alive("locks", "k"), "w-a offer") is None
+        assert where.raw(client, "k", b"HGET", where.layout.alive("locks", "k"), store.line_id("w-a offer")) is None
         assert told.wait(BOUND_S) and said == ["=v-a 2"]
         # Its next read (a message lost, say) sees the lease in its owner, and does not join the line again.
         row, turn = store.read_in_line("locks", "k", "w-a", T, NO_USAGE, None, ("o-a", "v-a2", 30_000, 1_500))

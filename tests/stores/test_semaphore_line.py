@@ -50,8 +50,9 @@ def redis_place(url: str, made: list[Any]) -> Place:
     reader = make()
 
     def line(key: str) -> list[str]:
+        """The ids in ``key``'s line, as the engine knows them: without their client's token."""
         waiters = reader.store.call(key, T, b"ZRANGE", NodeLayout.line("locks", key), 0, -1)
-        return [waiter.decode() for waiter in waiters]
+        return [waiter.decode().partition("~")[2] or waiter.decode() for waiter in waiters]
 
     def plant(key: str, waiter: str) -> None:
         """``waiter`` first in ``key``'s line, alive for a minute (a waiter that read last and stopped)."""

@@ -63,19 +63,21 @@ class WatchedChannel:
 
 
 class Watch:
-    """A waiter's interest in one key's releases: ``ready`` once the subscription is confirmed;
-    ``was_ready`` if it already was when the watch began; ``waiter``, its id in the key's line (bytes), or
-    None."""
+    """A waiter's interest in one key's releases: ``ready`` once the subscription is confirmed (that of
+    ``turn_channel``, where there is one); ``was_ready`` if it already was when the watch began; ``waiter``,
+    its id in the key's line (bytes), or None; ``turn_channel``, the channel where its client's turns on
+    the key arrive, if not the key's own."""
 
-    __slots__ = ("channel", "ident", "ready", "was_ready", "waiter")
+    __slots__ = ("channel", "ident", "ready", "was_ready", "waiter", "turn_channel")
 
     def __init__(self, channel: Any, ident: int, ready: threading.Event, was_ready: bool,
-                 waiter: Optional[bytes] = None) -> None:
+                 waiter: Optional[bytes] = None, turn_channel: Any = None) -> None:
         self.channel = channel
         self.ident = ident
         self.ready = ready
         self.was_ready = was_ready
         self.waiter = waiter
+        self.turn_channel = turn_channel
 
 
 class ListenerFeed:
@@ -115,34 +117,55 @@ class ListenerFeed:
         self._backoff_s = RECONNECT_BACKOFF_S[0]
         self._retry_at = 0.0
 
-    def _watch(self, name: Any, watcher: Any, waiter: Optional[str] = None, turn: Any = None) -> Watch:
+    def _watch(self, name: Any, watcher: Any, waiter: Optional[str] = None, turn: Any = None,
+               turn_name: Any = None) -> Watch:
         """Add ``watcher`` to channel ``name`` (and ``turn``, for a message that names ``waiter``) and start
-        the listener if it is not running. Never waits."""
+        the listener if it is not running. With ``turn_name``, the channel where this client's turns on the
+        key arrive, the watcher and turn are added to that channel too (subscribed after ``name``), and the
+        watch is ready once it is: a waiter's turn comes there, while ``name`` has the messages for every
+        waiter ("1") and the turns that a client of an earlier version publishes. Never waits."""
         waiter_id = None if waiter is None else waiter.encode()
         with self._lock:
-            channel = self._channels.get(name)
-            if channel is None:
-                channel = self._channels[name] = self._new_channel()
             ident = next(self._idents)
-            channel.watchers[ident] = watcher
-            if waiter_id is not None:
-                channel.turns[waiter_id] = turn
+            channel = self._add(name, ident, watcher, waiter_id, turn)
             was_ready = channel.ready.is_set()
+            if turn_name is not None:
+                channel = self._add(turn_name, ident, watcher, waiter_id, turn)
+                was_ready = was_ready and channel.ready.is_set()
             if not self._stop.is_set() and (self._thread is None or not self._thread.is_alive()):
                 self._thread = threading.Thread(target=self._listen, name=self.thread_name, daemon=True)
                 self._thread.start()
-        return Watch(name, ident, channel.ready, was_ready, waiter_id)
+        return Watch(name, ident, channel.ready, was_ready, waiter_id, turn_name)
+
+    def _add(self, name: Any, ident: int, watcher: Any, waiter_id: Optional[bytes], turn: Any) -> Any:
+        """Under the lock: add a watcher (and its turn) to channel ``name``, made if new; the channel."""
+        channel = self._channels.get(name)
+        if channel is None:
+            channel = self._channels[name] = self._new_channel()
+        channel.watchers[ident] = watcher
+        if waiter_id is not None:
+            channel.turns[waiter_id] = turn
+        return channel
+
+    def _confirmed(self, name: Any, turn_name: Any, confirmed: Callable[[Any], bool]) -> bool:
+        """Whether channel ``name`` is subscribed and confirmed (by the feed's own test, ``confirmed``), and
+        ``turn_name`` too while it has watchers (``subscribed`` of the Redis feeds, for tests and tools)."""
+        with self._lock:
+            channel, own = self._channels.get(name), self._channels.get(turn_name)
+            return (channel is not None and confirmed(channel)
+                    and (own is None or not own.watchers or confirmed(own)))
 
     def unwatch(self, watch: Watch) -> None:
         """End ``watch``: its ``wake`` is not called again. The channel stays subscribed ``LINGER_S`` more."""
         with self._lock:
-            channel = self._channels.get(watch.channel)
-            if channel is None:
-                return
-            if watch.waiter is not None:
-                channel.turns.pop(watch.waiter, None)
-            if channel.watchers.pop(watch.ident, None) is not None and not channel.watchers:
-                channel.idle_since = time.monotonic()
+            for name in (watch.channel, watch.turn_channel):
+                channel = self._channels.get(name) if name is not None else None
+                if channel is None:
+                    continue
+                if watch.waiter is not None:
+                    channel.turns.pop(watch.waiter, None)
+                if channel.watchers.pop(watch.ident, None) is not None and not channel.watchers:
+                    channel.idle_since = time.monotonic()
 
     def close(self) -> None:
         """Stop the listener thread (joined for up to 5 s); waiters then rely on polling alone."""

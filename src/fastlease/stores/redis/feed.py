@@ -6,7 +6,7 @@ import time
 
 from .._release_feed import LINGER_S, ListenerFeed, Watch, WatchedChannel
 from .replies import pubsub_event
-from .scripts import release_channel
+from .scripts import release_channel, turn_channel
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,13 +48,16 @@ class RedisReleaseFeed(ListenerFeed):
         key is released, until ``unwatch``; with ``waiter`` (its id in the key's line), a release that
         hands the turn to it calls ``turn()`` instead, and one that hands it to another waiter nothing.
         Never raises and never waits."""
-        return self._watch(release_channel(table, key), wake, waiter, turn)
+        channel = release_channel(table, key)
+        return self._watch(channel, wake, self._store.line_id(waiter) if waiter else None, turn,
+                           turn_channel(channel, self._store.client_token) if waiter else None)
 
     def subscribed(self, table: str, key: str) -> bool:
-        """True once the server has confirmed our subscription to ``key``'s releases."""
-        with self._lock:
-            channel = self._channels.get(release_channel(table, key))
-            return channel is not None and channel.subscribed and channel.ready.is_set()
+        """True once the server has confirmed our subscription to ``key``'s releases, and to this client's
+        turn channel of the key while a waiter of ours watches it."""
+        name = release_channel(table, key)
+        return self._confirmed(name, turn_channel(name, self._store.client_token),
+                               lambda channel: channel.subscribed and channel.ready.is_set())
 
     # ---- the listener thread's I/O ----------------------------------------------------------------
     def _new_channel(self) -> _Channel:

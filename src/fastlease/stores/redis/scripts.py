@@ -22,7 +22,11 @@ collide whatever ``K`` holds):
   deadline passes. Both keys expire ``2 * ALIVE_MS`` after the last read of any waiter, so an abandoned
   line vanishes.
 * ``fastlease:T:released:K``, the pub/sub channel that release publishes on (see ``RedisReleaseFeed``):
-  the id of the waiter whose turn it is, or ``1`` (anyone may look) when nobody waits in line.
+  ``1`` (anyone may look) when nobody waits in line. A message that gives a waiter its turn names it, and
+  goes to its client's turn channel, ``fastlease:T:released:K~C`` for a waiter id ``C~...`` (C: the hex
+  token of one client, one store object), so that only that client reads it, not every client that waits
+  for the key (see TURN_CHANNEL). An id without such a token (a client of an earlier version) has its turns
+  on the key's channel.
 """
 
 from __future__ import annotations
@@ -62,6 +66,17 @@ local function next_in_line(line, alive)
 end
 """
 
+#: The channel that gives ``waiter`` its turn: its client's turn channel, ``channel`` followed by "~" and the
+#: client's token, where the id starts with that token and a "~"; else ``channel`` itself (an id from a
+#: client of an earlier version, which listens there only). Prepended to the scripts that use it.
+TURN_CHANNEL = """
+local function turn_channel(channel, waiter)
+  local client = string.match(waiter, '^(%x+)~')
+  if client then return channel .. '~' .. client end
+  return channel
+end
+"""
+
 #: A waiter's place (KEYS of the caller: line, alive): it joins the line at its end, if not in it, on the
 #: server's clock, and keeps its place for ``alive_ms`` more; both keys expire ``2 * alive_ms`` after the
 #: last read of any waiter. Returns the server's time in ms. Prepended to the scripts that use it.
@@ -82,9 +97,9 @@ end
 #: "<written> <px_ms> <lease_ms> <version> <owner>" (written: the server's time of that read, in ms). An
 #: offer older than a third of its px_ms is not taken. Writes the lease as ACQUIRE would, in the offer's
 #: owner and version, but with a PX of the offer's px_ms (a waiter that died in line loses the key that soon:
-#: its first renewal sets the full lease), takes the waiter out of the line and tells it, on ``channel``:
-#: its id, a space, "=", the version and, after a space, the new fencing token. Returns true if it did.
-#: Prepended to the scripts that use it.
+#: its first renewal sets the full lease), takes the waiter out of the line and tells it, on its turn channel
+#: of ``channel`` (TURN_CHANNEL): its id, a space, "=", the version and, after a space, the new fencing
+#: token. Returns true if it did. Prepended to the scripts that use it.
 HAND_OVER = """
 local function hand_over(lease, fence_key, line, alive, head, channel)
   local offer = redis.call('HGET', alive, head .. ' offer')
@@ -100,7 +115,7 @@ local function hand_over(lease, fence_key, line, alive, head, channel)
   redis.call('PEXPIRE', lease, px)
   redis.call('ZREM', line, head)
   redis.call('HDEL', alive, head, head .. ' offer')
-  redis.call('PUBLISH', channel, head .. ' =' .. version .. ' ' .. fence)
+  redis.call('PUBLISH', turn_channel(channel, head), head .. ' =' .. version .. ' ' .. fence)
   return true
 end
 """
@@ -110,8 +125,9 @@ end
 #: or merely not yet expired: untouched) and it is the caller's turn: nobody waits in line, or the
 #: caller (``waiter``) is the head of the line, which it then leaves. A semaphore's line passes the turn
 #: on to its next waiter, since another slot may be free too: its id and a space, with no slot named
-#: (the waiter looks at every slot). Returns the new fencing token, or 0.
-ACQUIRE = NEXT_IN_LINE + """
+#: (the waiter looks at every slot), on its turn channel of the line's channel (TURN_CHANNEL). Returns the
+#: new fencing token, or 0.
+ACQUIRE = NEXT_IN_LINE + TURN_CHANNEL + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local first = next_in_line(KEYS[3], KEYS[4])
 if first and first ~= ARGV[4] then return 0 end
@@ -124,7 +140,7 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'version', ARGV[2], 'lease_ms', AR
            'protocol', '1', 'fence', fence)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 local next_head = ARGV[5] and next_in_line(KEYS[3], KEYS[4])
-if next_head then redis.call('PUBLISH', ARGV[5], next_head .. ' ') end
+if next_head then redis.call('PUBLISH', turn_channel(ARGV[5], next_head), next_head .. ' ') end
 return fence
 """
 
@@ -170,20 +186,25 @@ return 1
 #: the release may hand the lease over). ARGV: owner, channel, and where the line is another key's (a
 #: semaphore's slot), that line's channel and the key released. Deletes the lease only if ``owner`` holds it
 #: (whatever its version); then hands it over to the head of the line where it has offered to take it
-#: (HAND_OVER), or publishes a wake-up: the id of the waiter whose turn it is (on the line's channel,
-#: followed by a space and the key released, which the waiter then tries first), or '1' on the key's when
+#: (HAND_OVER), or publishes a wake-up: the id of the waiter whose turn it is, on its turn channel
+#: (TURN_CHANNEL) of the line's channel (followed by a space and the key released, which the waiter then
+#: tries first, where the line is a semaphore's), or '1' on the key's channel when
 #: nobody waits in line (or the line is left out: each waiter's read then tells it whether the turn is its
 #: own). Returns the store's answer itself: 0 (NOT_DELETED) if absent or held by another, else 1 (DELETED),
 #: or 2 (DELETED_WITH_WAITERS) if the deleted lease carried the waiting mark.
-RELEASE = NEXT_IN_LINE + HAND_OVER + """
+RELEASE = NEXT_IN_LINE + TURN_CHANNEL + HAND_OVER + """
 local seen = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
 if seen[1] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 local head = KEYS[2] and next_in_line(KEYS[2], KEYS[3])
 if head and ARGV[3] then
-  redis.call('PUBLISH', ARGV[3], head .. ' ' .. ARGV[4])
+  redis.call('PUBLISH', turn_channel(ARGV[3], head), head .. ' ' .. ARGV[4])
 elseif not (head and KEYS[4] and hand_over(KEYS[1], KEYS[4], KEYS[2], KEYS[3], head, ARGV[2])) then
-  redis.call('PUBLISH', ARGV[2], head or '1')
+  if head then
+    redis.call('PUBLISH', turn_channel(ARGV[2], head), head)
+  else
+    redis.call('PUBLISH', ARGV[2], '1')
+  end
 end
 if seen[2] == '1' then return 2 end
 return 1
@@ -253,8 +274,9 @@ return out
 #: Leave the line. KEYS: lease, line, alive. ARGV: waiter, channel, and the owner it offered the lease to be
 #: handed over in, if it did. The waiter gives up its place and its offer; a lease handed over to it meanwhile
 #: (in that owner) is deleted. If it had the turn, or was handed the lease, and the key is free, the next
-#: waiter in line is woken (with nobody in line after a lease handed over, every waiter: '1'). Returns 1.
-LEAVE_LINE = NEXT_IN_LINE + """
+#: waiter in line is woken on its turn channel (TURN_CHANNEL; with nobody in line after a lease handed over,
+#: every waiter: '1' on ``channel``). Returns 1.
+LEAVE_LINE = NEXT_IN_LINE + TURN_CHANNEL + """
 local first = next_in_line(KEYS[2], KEYS[3])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1], ARGV[1] .. ' offer')
@@ -263,7 +285,7 @@ if handed then redis.call('DEL', KEYS[1]) end
 if (first == ARGV[1] or handed) and redis.call('EXISTS', KEYS[1]) == 0 then
   local head = next_in_line(KEYS[2], KEYS[3])
   if head then
-    redis.call('PUBLISH', ARGV[2], head)
+    redis.call('PUBLISH', turn_channel(ARGV[2], head), head)
   elseif handed then
     redis.call('PUBLISH', ARGV[2], '1')
   end
@@ -339,6 +361,12 @@ def record_key(table: str, key: str) -> bytes:
 def release_channel(table: str, key: str) -> bytes:
     """The pub/sub channel that releases of ``key`` in lock table ``table`` are published on."""
     return f"{PREFIX}:{table}:released:".encode() + key.encode("utf-8")
+
+
+def turn_channel(channel: bytes, client_token: str) -> bytes:
+    """The channel of a key (``channel``, its release channel on either layout) where the scripts give the
+    waiters of the client with ``client_token`` their turns (TURN_CHANNEL; in the same cluster slot)."""
+    return channel + b"~" + client_token.encode()
 
 
 class NodeLayout:

@@ -16,6 +16,7 @@ that share one hash tag); this one refuses a cluster node, whose keys would be l
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -116,6 +117,11 @@ class RedisStore:
         self._connections_lock = threading.Lock()
         self._closed = False
         self._names: dict[tuple[str, str], tuple[bytes, bytes, bytes, bytes, bytes]] = {}
+        #: This store object's token, which starts the ids of its waiters in a line ("<token>~<id>"): the
+        #: scripts give each waiter its turn on its client's turn channel (scripts.TURN_CHANNEL), which only
+        #: this store's feed listens to, so that a release is read by the client it wakes, not by every
+        #: client that waits for the key.
+        self.client_token = os.urandom(8).hex()
         #: What a request raises on NOSCRIPT (the script did not run): see run_script.
         self.no_script: Any = self._redis.exceptions.NoScriptError
         # Waiters are woken by it; the renewal process, whose store has our own connection, never waits.
@@ -326,11 +332,12 @@ class RedisStore:
         else None."""
         keys = self.names(table, key)[:4]
         if line_key is None:
-            reply = self.run_script(self.scripts.acquire, key, timeout_s, keys, (owner, version, lease_ms, waiter))
+            reply = self.run_script(self.scripts.acquire, key, timeout_s, keys,
+                                    (owner, version, lease_ms, self.line_id(waiter)))
         else:  # a semaphore's slot: its line, and the channel that passes the turn on
             _, _, line, alive, turns = self.names(table, line_key)
             reply = self.run_script(self.scripts.acquire, key, timeout_s, (*keys[:2], line, alive),
-                                    (owner, version, lease_ms, waiter, turns))
+                                    (owner, version, lease_ms, self.line_id(waiter), turns))
         return fencing_token(reply, key)
 
     def replace_if(
@@ -399,6 +406,7 @@ class RedisStore:
         and whether the key is free and the turn is ``waiter``'s. On a slot being migrated, whose node refuses
         a script that names a missing key with TRYAGAIN, a plain read (the line is then not kept)."""
         keys = self._lease_and_line(table, key, line_key)
+        waiter = self.line_id(waiter)
         args: tuple[Any, ...] = (waiter, ALIVE_MS) if offer is None else (waiter, ALIVE_MS, *offer)
         try:
             reply = self.run_script(self.scripts.observe_in_line, key, timeout_s, keys, args)
@@ -417,7 +425,8 @@ class RedisStore:
         key if the turn is ``waiter``'s, else -1. For a semaphore, on one node only (``shared_lines``)."""
         _, _, line, alive, _ = self.names(table, line_key)
         names = (line, alive, *[self.names(table, key)[0] for key in keys])
-        reply = self.run_script(self.scripts.observe_all_in_line, line_key, timeout_s, names, (waiter, ALIVE_MS))
+        args = (self.line_id(waiter), ALIVE_MS)
+        reply = self.run_script(self.scripts.observe_all_in_line, line_key, timeout_s, names, args)
         if not isinstance(reply, list) or len(reply) != 1 + 2 * len(keys) or type(reply[0]) is not int:
             raise MalformedLockRow(f"Redis OBSERVE_ALL_IN_LINE of {line_key!r} gave {reply!r:.100}, not [free, "
                                    f"then fields and pttl of each of {len(keys)} keys]", key=line_key)
@@ -433,6 +442,7 @@ class RedisStore:
         had the turn (or that lease) and the key is free, the next waiter in line is woken on the line's
         channel."""
         channel = self.names(table, key if line_key is None else line_key)[4]
+        waiter = self.line_id(waiter)
         args = (waiter, channel) if offered_owner is None else (waiter, channel, offered_owner)
         self.run_script(self.scripts.leave_line, key, timeout_s, self._lease_and_line(table, key, line_key), args)
 
@@ -449,6 +459,11 @@ class RedisStore:
         reply = self.run_script(self.scripts.release, key, timeout_s, (lease, line, alive),
                                 (owner, channel, turns, key.encode("utf-8")))
         return deletion(reply, key)
+
+    def line_id(self, waiter: str) -> str:
+        """The id that ``waiter`` (the engine's token, or "" for none) has in a key's line: this client's token,
+        "~" and the waiter's own, so that the scripts publish its turn on this client's turn channel."""
+        return f"{self.client_token}~{waiter}" if waiter else ""
 
     def _lease_and_line(self, table: str, key: str, line_key: Optional[str]) -> tuple[bytes, bytes, bytes]:
         """The Redis names of ``key``'s lease and of the line of ``line_key`` (None: the key's own)."""
