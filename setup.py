@@ -10,6 +10,7 @@ ships without its compiled modules.
 
 import os
 import platform
+import sys
 import zlib
 
 from setuptools import Extension, setup
@@ -28,8 +29,19 @@ def flag(name):
     return os.environ.get(name, "") not in ("", "0")
 
 
+#: Compile this many extensions at once (one C compiler each) unless the build is told otherwise
+#: (``build_ext -j``): the ten modules take over a minute one after another, and every fresh venv (CI
+#: builds four) compiles them all.
+PARALLEL = os.cpu_count() or 1
+
+
 class OptionalBuildExt(build_ext):
     """build_ext that falls back to the interpreted engine instead of failing the install."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = PARALLEL
 
     def run(self):
         try:
@@ -88,6 +100,8 @@ def extensions():
             *(compiled(f"fastlease._engine.{name}", f"src/fastlease/_engine/{name}.py") for name in ENGINE_MODULES),
         ],
         compiler_directives={"language_level": "3"},
+        # Cython's own translation in worker processes too, where they fork (spawn would run setup.py again).
+        nthreads=PARALLEL if sys.platform.startswith("linux") else 0,
     )
 
 
