@@ -15,7 +15,8 @@ have imported and connected.
 
 Reported: handoff latency p50/p99 (from one holder's release to the next acquisition by another
 worker, on the system-wide monotonic clock), each worker's share of the acquisitions, and reads per
-acquisition and per waiting second.
+acquisition and per waiting second; under each row, how long the holds lasted (the work, and whatever
+delayed the holder's return from it).
 Run: ``.venv/bin/python bench/handoff.py [--seconds 8] [--stores memory,dynamodb,redis,redis-cluster]
 [--workers 4]``; ``--workers 17`` keeps 16 processes waiting while one holds (how reads grow with the waiters).
 """
@@ -198,6 +199,12 @@ def summarise(name: str, results: list[dict[str, Any]]) -> None:
         read_columns = f"{reads / max(total, 1):>11.2f}{reads / max(waited_s, 1e-9):>14.1f}"
     print(f"{name:<{LABEL_WIDTH}}{total:>7}{p50:>10.2f}{p99:>10.1f}   {share_text:<23}"
           + read_columns)
+    # How long each hold lasted, its WORK_S of sleep included: time that another thread or process took
+    # from the holder's return from that sleep shows here, and costs holds as a slow handoff would.
+    lengths = sorted((end - start) * 1000 for start, end, _ in timeline)
+    if lengths:
+        print(f"  (holds lasted {statistics.fmean(lengths):.2f} ms on average, p99 "
+              f"{lengths[int(len(lengths) * 0.99)]:.1f} ms, for {WORK_S * 1000:g} ms of work)")
     messages = [result.get("messages") for result in results]
     if messages and all(count is not None for count in messages) and sum(messages):  # (none when polling only)
         per_acquisition = sum(messages) / max(total, 1)
