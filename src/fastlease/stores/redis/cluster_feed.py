@@ -23,7 +23,6 @@ from typing import Any, Callable, Optional
 from ...exceptions import StoreError
 from .._release_feed import LINGER_S, ListenerFeed, Watch, WatchedChannel
 from .replies import pubsub_event, reply_code
-from .scripts import turn_channel
 
 __all__ = ["RedisClusterReleaseFeed"]
 
@@ -68,16 +67,15 @@ class RedisClusterReleaseFeed(ListenerFeed):
         is released, until ``unwatch``; with ``waiter`` (its id in the key's line), a release that hands
         the turn to it calls ``turn()`` instead, and one that hands it to another waiter nothing. Never
         raises and never waits."""
-        channel = self._store.layout.channel(table, key)
+        channel, turns = self._store.release_channels(table, key)
         return self._watch(channel, wake, self._store.line_id(waiter) if waiter else None, turn,
-                           turn_channel(channel, self._store.client_token) if waiter else None)
+                           turns if waiter else None)
 
     def subscribed(self, table: str, key: str) -> bool:
         """True once the slot's node has confirmed our subscription to ``key``'s releases, and to this
         client's turn channel of the key while a waiter of ours watches it."""
-        name = self._store.layout.channel(table, key)
-        return self._confirmed(name, turn_channel(name, self._store.client_token),
-                               lambda channel: channel.node is not None and channel.ready.is_set())
+        channel, turns = self._store.release_channels(table, key)
+        return self._confirmed(channel, turns, lambda each: each.node is not None and each.ready.is_set())
 
     # ---- the listener thread's I/O ----------------------------------------------------------------
     def _new_channel(self) -> _Channel:

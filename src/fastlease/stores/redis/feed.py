@@ -6,7 +6,6 @@ import time
 
 from .._release_feed import LINGER_S, ListenerFeed, Watch, WatchedChannel
 from .replies import pubsub_event
-from .scripts import release_channel, turn_channel
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,15 +47,14 @@ class RedisReleaseFeed(ListenerFeed):
         key is released, until ``unwatch``; with ``waiter`` (its id in the key's line), a release that
         hands the turn to it calls ``turn()`` instead, and one that hands it to another waiter nothing.
         Never raises and never waits."""
-        channel = release_channel(table, key)
+        channel, turns = self._store.release_channels(table, key)
         return self._watch(channel, wake, self._store.line_id(waiter) if waiter else None, turn,
-                           turn_channel(channel, self._store.client_token) if waiter else None)
+                           turns if waiter else None)
 
     def subscribed(self, table: str, key: str) -> bool:
         """True once the server has confirmed our subscription to ``key``'s releases, and to this client's
         turn channel of the key while a waiter of ours watches it."""
-        name = release_channel(table, key)
-        return self._confirmed(name, turn_channel(name, self._store.client_token),
+        return self._confirmed(*self._store.release_channels(table, key),
                                lambda channel: channel.subscribed and channel.ready.is_set())
 
     # ---- the listener thread's I/O ----------------------------------------------------------------

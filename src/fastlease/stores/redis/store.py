@@ -40,7 +40,7 @@ from .replies import (
     reply_code,
     stored_integer,
 )
-from .scripts import ALIVE_MS, NODE_SCRIPTS, PREFIX, SCRIPT_NAMES, NodeLayout, Script, lease_key
+from .scripts import ALIVE_MS, NODE_SCRIPTS, PREFIX, SCRIPT_NAMES, NodeLayout, Script, lease_key, turn_channel
 from .wire import pack_command as _pack
 
 # typing is not imported at run time: the renewal process imports this module, and it would cost it
@@ -117,10 +117,8 @@ class RedisStore:
         self._connections_lock = threading.Lock()
         self._closed = False
         self._names: dict[tuple[str, str], tuple[bytes, bytes, bytes, bytes, bytes]] = {}
-        #: This store object's token, which starts the ids of its waiters in a line ("<token>~<id>"): the
-        #: scripts give each waiter its turn on its client's turn channel (scripts.TURN_CHANNEL), which only
-        #: this store's feed listens to, so that a release is read by the client it wakes, not by every
-        #: client that waits for the key.
+        #: Starts the ids of this store's waiters in a line ("<token>~<id>"): their turns come on its own turn
+        #: channel (scripts.TURN_CHANNEL), read by this client alone, not by every client waiting for the key.
         self.client_token = os.urandom(8).hex()
         #: What a request raises on NOSCRIPT (the script did not run): see run_script.
         self.no_script: Any = self._redis.exceptions.NoScriptError
@@ -330,14 +328,13 @@ class RedisStore:
         in it, or ``waiter`` first among the live, leaving the line in the same step. A semaphore's line
         (``line_key`` given) then wakes its next waiter: another slot may be free. The new fencing token,
         else None."""
-        keys = self.names(table, key)[:4]
+        keys, waiter = self.names(table, key)[:4], self.line_id(waiter)
         if line_key is None:
-            reply = self.run_script(self.scripts.acquire, key, timeout_s, keys,
-                                    (owner, version, lease_ms, self.line_id(waiter)))
+            reply = self.run_script(self.scripts.acquire, key, timeout_s, keys, (owner, version, lease_ms, waiter))
         else:  # a semaphore's slot: its line, and the channel that passes the turn on
             _, _, line, alive, turns = self.names(table, line_key)
             reply = self.run_script(self.scripts.acquire, key, timeout_s, (*keys[:2], line, alive),
-                                    (owner, version, lease_ms, self.line_id(waiter), turns))
+                                    (owner, version, lease_ms, waiter, turns))
         return fencing_token(reply, key)
 
     def replace_if(
@@ -460,9 +457,13 @@ class RedisStore:
                                 (owner, channel, turns, key.encode("utf-8")))
         return deletion(reply, key)
 
+    def release_channels(self, table: str, key: str) -> tuple[bytes, bytes]:
+        """``key``'s release channel and this client's turn channel of it: what our feed watches for a waiter."""
+        channel = self.names(table, key)[4]
+        return channel, turn_channel(channel, self.client_token)
+
     def line_id(self, waiter: str) -> str:
-        """The id that ``waiter`` (the engine's token, or "" for none) has in a key's line: this client's token,
-        "~" and the waiter's own, so that the scripts publish its turn on this client's turn channel."""
+        """The id of ``waiter`` (the engine's token, or "" for none) in a key's line: see ``client_token``."""
         return f"{self.client_token}~{waiter}" if waiter else ""
 
     def _lease_and_line(self, table: str, key: str, line_key: Optional[str]) -> tuple[bytes, bytes, bytes]:
