@@ -46,7 +46,7 @@ def _worker(pulse: object, calls: list[int], closed: threading.Event, seed: int)
             break
         op = rng.randrange(7)
         if op == 0:
-            frame_id = pulse.register(lease, "locks", "key", "owner", "version", 1000, None, 1, 2, 0, 1)  # type: ignore[attr-defined]
+            frame_id = pulse.register(lease, "locks", "key", "owner", "version", 1000, None, 1, 2, 0, 3, 1)  # type: ignore[attr-defined]
             if frame_id:
                 ids.append(frame_id)
         elif op == 1 and ids:

@@ -56,14 +56,14 @@ def test_a_closed_native_pulse_stages_nothing_and_still_answers() -> None:
     try:
         pulse = _core.Pulse(write_end, 1000)
         lease = object()
-        frame_id = pulse.register(lease, "locks", "k", "owner", "version", 1000, None, 1, 2, 0, 1)
-        registration = struct.pack("<6q", 1000, -1, 1, 2, 0, 1) + b"".join(
+        frame_id = pulse.register(lease, "locks", "k", "owner", "version", 1000, None, 1, 2, 0, 3, 1)
+        registration = struct.pack("<7q", 1000, -1, 1, 2, 0, 3, 1) + b"".join(
             struct.pack("<H", len(part)) + part for part in (b"locks", b"k", b"owner", b"version"))
         assert frame_id == 1 and pulse.leases == {1: lease}
         pulse.close()
         pulse.close()  # idempotent
         assert pulse.take_back(frame_id) is False  # dropped at close: nothing to take back
-        assert pulse.register(lease, "locks", "k", "o", "v", 1000, None, 1, 2, 0, 1) == 0
+        assert pulse.register(lease, "locks", "k", "o", "v", 1000, None, 1, 2, 0, 3, 1) == 0
         assert pulse.stage(5, b"x") is False and pulse.unstage(5) is False
         assert pulse.child == 0 and pulse.pulses in (0, 1)  # (its first pulse goes out at once)
         # close() closed the pulse's copy of the pipe. Before it, the thread's first round may have written

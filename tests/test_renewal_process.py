@@ -120,7 +120,7 @@ class _DelegatingLink:
 
     fast_pulse = None  # registrations go through register()
 
-    def register(self, lease: Any, mono_ns: int, wall_ns: int, hold_until_ns: int) -> int:
+    def register(self, lease: Any, mono_ns: int, wall_ns: int, hold_until_ns: int, renew_at_ns: int) -> int:
         return 1
 
     def registered(self, lease: Any, link_id: int) -> bool:
@@ -369,6 +369,42 @@ def test_a_release_does_not_wait_for_the_renewal_process(redis_url, renewal_proc
             os.kill(pid, signal.SIGCONT)
         client.close()
     _assert_collected(pid)
+
+
+@pytest.mark.server
+def test_a_lease_handed_over_is_first_renewed_a_quarter_second_after_its_stamp(redis_url, redis_db, renewal_processes):
+    """On Redis a release hands the lease to the head of the key's line: the waiter holds it with the
+    handover's 1.5 s validity, counted from the stamp before its read in line. The renewal process renews
+    it from the schedule the holder registered: 250 ms after that stamp (HANDED_FIRST_RENEWAL_MS), not at
+    once, as a schedule kept from the lease's own L/3 would have it (that moment has passed)."""
+    from fastlease import RedisClient
+    from fastlease.stores.redis.scripts import NodeLayout
+
+    holder, taker = RedisClient(redis_url), RedisClient(redis_url)
+    lease = SyncDistributedLock(taker, table="locks", key="handed", lease_duration=30, wait_timeout=30)
+    thread = threading.Thread(target=lease.__enter__, daemon=True)
+    try:
+        # First the taker's renewal process runs and knows its store: its start must not delay the renewal.
+        with SyncDistributedLock(taker, table="locks", key="warm-up", lease_duration=LEASE_S) as warm_up:
+            _renewal_pid(taker, renewal_processes)
+            wait_until(lambda: _renewals(warm_up) >= 1, 10, "a renewal of the warm-up lease")
+        with SyncDistributedLock(holder, table="locks", key="handed", lease_duration=30):
+            thread.start()
+            line = NodeLayout().line("locks", "handed")
+            wait_until(lambda: redis_db.zcard(line) == 1, 10, "the waiter's place in line")
+        thread.join(10)
+        assert not thread.is_alive() and lease.is_valid()
+        assert lease.metrics.write_requests == 1  # its refused put: the handover needed no write
+        stamp_ns = lease._lease.valid_until_ns() - 1_350_000_000
+        wait_until(lambda: _renewals(lease) >= 1, 10, "the first renewal, from the renewal process")
+        renewed_at_ns = lease._lease.valid_until_ns() - 27_000_000_000
+        # (1 ms for the two clocks the validity's end is the earlier of)
+        assert renewed_at_ns >= stamp_ns + 250_000_000 - 1_000_000, (renewed_at_ns - stamp_ns) / 1e6
+        lease.__exit__(None, None, None)
+    finally:
+        thread.join(10)
+        holder.close()
+        taker.close()
 
 
 # ---- 3. no renewal write lands after a release; none is sent after a loss or max_hold (MONITOR) ------

@@ -188,7 +188,8 @@ cdef class Pulse:
         self.leases = {}
 
     def register(self, lease, str table, str key, str owner, str version, long long lease_ms, fence,
-                 long long mono_ns, long long wall_ns, long long hold_until_ns, long long store_id):
+                 long long mono_ns, long long wall_ns, long long hold_until_ns, long long renew_at_ns,
+                 long long store_id):
         """Stage a lease's registration (read by ``_renewal_process._adopt``) and remember the lease:
         its registration id, or 0 if it could not be staged. On every hold's path: no marshal, one C
         call."""
@@ -196,7 +197,7 @@ cdef class Pulse:
         cdef const char* parts[4]
         cdef char frame[4096]
         cdef size_t at = 0
-        cdef long long numbers[6]
+        cdef long long numbers[7]
         cdef int i, ok
         cdef unsigned long long frame_id
         if not self._usable():
@@ -205,16 +206,17 @@ cdef class Pulse:
         parts[1] = PyUnicode_AsUTF8AndSize(key, &sizes[1])
         parts[2] = PyUnicode_AsUTF8AndSize(owner, &sizes[2])
         parts[3] = PyUnicode_AsUTF8AndSize(version, &sizes[3])
-        if sizes[0] + sizes[1] + sizes[2] + sizes[3] + 8 + 48 + 12 > 4096:
+        if sizes[0] + sizes[1] + sizes[2] + sizes[3] + 8 + 56 + 12 > 4096:
             return 0
         numbers[0] = lease_ms
         numbers[1] = -1 if fence is None else <long long>fence
         numbers[2] = mono_ns
         numbers[3] = wall_ns
         numbers[4] = hold_until_ns
-        numbers[5] = store_id
-        memcpy(frame, numbers, 48)
-        at = 48
+        numbers[5] = renew_at_ns
+        numbers[6] = store_id
+        memcpy(frame, numbers, 56)
+        at = 56
         for i in range(4):
             memcpy(frame + at, &sizes[i], 2)  # little-endian u16 (the suite runs on x86-64 and arm64)
             memcpy(frame + at + 2, parts[i], sizes[i])

@@ -52,9 +52,10 @@ class Pulse:
         return not self._stop.is_set() and self._pid == os.getpid()
 
     def register(self, lease: object, table: str, key: str, owner: str, version: str, lease_ms: int,
-                 fence: "Optional[int]", mono_ns: int, wall_ns: int, hold_until_ns: int, store_id: int) -> int:
-        payload = struct.pack("=6q", lease_ms, -1 if fence is None else fence, mono_ns, wall_ns, hold_until_ns,
-                              store_id)
+                 fence: "Optional[int]", mono_ns: int, wall_ns: int, hold_until_ns: int, renew_at_ns: int,
+                 store_id: int) -> int:
+        payload = struct.pack("=7q", lease_ms, -1 if fence is None else fence, mono_ns, wall_ns, hold_until_ns,
+                              renew_at_ns, store_id)
         for text in (table, key, owner, version):
             data = text.encode()
             payload += struct.pack("=H", len(data)) + data

@@ -147,15 +147,16 @@ class RenewalLink:
         self._closed = False
 
     # ---- the engine's calls ------------------------------------------------------------------------
-    def register(self, lease: Any, mono_ns: int, wall_ns: int, hold_until_ns: int) -> int:
-        """Hand a just-acquired lease to the renewal process: its registration id, or 0 when it renews here."""
+    def register(self, lease: Any, mono_ns: int, wall_ns: int, hold_until_ns: int, renew_at_ns: int) -> int:
+        """Hand a just-acquired lease to the renewal process, its first renewal due at ``renew_at_ns``: its
+        registration id, or 0 when it renews here."""
         if self._delegable is not None and not self._delegable():
             return 0
         pulse = self._hub.pulse_for(self)
         if pulse is None:
             return 0
         return int(pulse.register(lease, lease.table, lease.key, lease.owner, lease.version, lease.lease_ms,
-                                  lease.fencing_token, mono_ns, wall_ns, hold_until_ns, self.store_id))
+                                  lease.fencing_token, mono_ns, wall_ns, hold_until_ns, renew_at_ns, self.store_id))
 
     @property
     def fast_pulse(self) -> Any:

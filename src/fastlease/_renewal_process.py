@@ -59,8 +59,9 @@ _PIPE_HEAD = struct.Struct("=IQ")
 #: A monotonic time before any this process can see: a date that proves nothing.
 NEVER_NS = -(1 << 62)
 # A registration (``_core.Pulse.register``): lease_ms, fence (-1: none), the acquisition's monotonic and
-# wall stamps, max_hold's end (0: none), the store id; then table, key, owner and version.
-_NUMBERS = struct.Struct("=6q")
+# wall stamps, max_hold's end (0: none), when its first renewal is due (monotonic), the store id; then
+# table, key, owner and version.
+_NUMBERS = struct.Struct("=7q")
 _TEXT_LENGTH = struct.Struct("=H")
 
 
@@ -223,7 +224,7 @@ class RenewalProcess:
 
     # ---- requests from the holder ----------------------------------------------------------------
     def _adopt(self, link_id: int, payload: bytes) -> None:
-        lease_ms, fence, mono_ns, wall_ns, hold_until_ns, store_id = _NUMBERS.unpack_from(payload)
+        lease_ms, fence, mono_ns, wall_ns, hold_until_ns, renew_at_ns, store_id = _NUMBERS.unpack_from(payload)
         store = self._stores.get(store_id)
         if store is None:
             self._parked.setdefault(store_id, []).append((link_id, payload))
@@ -240,7 +241,7 @@ class RenewalProcess:
         self._leases[link_id] = lease
         self._ids[id(lease)] = link_id
         self._store_of[link_id] = store_id
-        if not lease.adopt(owner, version, fence, mono_ns, wall_ns, hold_until_ns):
+        if not lease.adopt(owner, version, fence, mono_ns, wall_ns, hold_until_ns, renew_at_ns):
             self._forget(link_id)
             self._report(link_id, (LOST, link_id, "expired", 0, 0, (0, 0, 0, 0, 0)))
 

@@ -295,11 +295,19 @@ def test_a_waiter_that_leaves_deletes_a_lease_handed_over_to_it_meanwhile_and_wa
         feed.unwatch(watch)
 
 
+class StillClock(FakeClock):
+    """A FakeClock that waiting does not move (a wait is a short real one): its time is the test's alone."""
+
+    def wait(self, event: threading.Event, timeout_s: float) -> bool:
+        return event.wait(min(timeout_s, 0.05))
+
+
 def test_a_lease_handed_over_is_held_without_a_write_valid_from_before_the_read_that_offered(where):
-    """The waiter's clock moves only when it waits (FakeClock), and its renewals run only when the test
-    moves it: the validity it holds the handed lease with is the handover's 1.5 s (times 0.9) counted from
-    a stamp no later than now, not the lease's 30 s, until its first renewal, due at once, sets the lease."""
-    holder, clock = where.client(), FakeClock()
+    """The waiter's clock moves only when the test moves it, and so do its renewals: the validity it holds
+    the handed lease with is the handover's 1.5 s (times 0.9) counted from the stamp before its read, not
+    the lease's 30 s, and its first renewal, which sets the lease, comes 250 ms after that stamp, not at
+    once (a hold shorter than that writes nothing more)."""
+    holder, clock = where.client(), StillClock()
     taker = where.client(clock=clock)
     guard = hold(holder, "k")
     lease = SyncDistributedLock(taker, table="locks", key="k", lease_duration=30, wait_timeout=3_600)
@@ -311,11 +319,14 @@ def test_a_lease_handed_over_is_held_without_a_write_valid_from_before_the_read_
     assert not thread.is_alive() and lease.is_valid()
     # Its one write was its first attempt's put, refused (the key was held): the handover needed none.
     assert lease.fencing_token == guard.fencing_token + 1 and lease.metrics.write_requests == 1
-    left_ns = lease._lease.valid_until_ns() - clock.monotonic_ns()
-    assert 0 < left_ns <= 1_350_000_000, left_ns
+    stamp_ns = clock.monotonic_ns()  # the clock has not moved since the read that left the offer
+    assert lease._lease.valid_until_ns() - stamp_ns == 1_350_000_000
     assert 0 < where.raw(holder, "k", b"PTTL", where.layout.lease("locks", "k")) <= 1_500
-    clock.advance(0)  # runs the renewals that are due: the first one is
-    assert lease._lease.valid_until_ns() - clock.monotonic_ns() == 27_000_000_000
+    clock.advance(0.249)
+    assert lease._lease.valid_until_ns() - stamp_ns == 1_350_000_000 and lease.metrics.write_requests == 1
+    clock.advance(0.001)  # the first renewal is due now
+    assert lease._lease.valid_until_ns() - stamp_ns == 250_000_000 + 27_000_000_000
+    assert lease.metrics.write_requests == 2
     assert where.raw(holder, "k", b"PTTL", where.layout.lease("locks", "k")) > 1_500
     lease.__exit__(None, None, None)
 

@@ -489,7 +489,7 @@ class HeldLease(Renewable):
         link = self._link
         if not link.takes_back():
             return
-        link_id = link.register(self, mono_ns, wall_ns, self._hold_until_ns)
+        link_id = link.register(self, mono_ns, wall_ns, self._hold_until_ns, mono_ns + renew_interval_ns(self.lease_ms))
         if not link_id:
             return
         with self._mutex:
@@ -565,9 +565,10 @@ class HeldLease(Renewable):
         self._renew_request_failures = base[3] + counters[3]
 
     def adopt(self, owner: str, version: str, fence: Optional[int], mono_ns: int, wall_ns: int,
-              hold_until_ns: int) -> bool:
+              hold_until_ns: int, renew_at_ns: int) -> bool:
         """NEW -> HELD from another process's confirmed acquisition (the renewal process renews it):
-        validity from that write's stamps, renewals scheduled from there. False if already lapsed."""
+        validity from that write's stamps, the first renewal due at ``renew_at_ns`` as the holder scheduled
+        it. False if already lapsed."""
         with self._mutex:
             if self.state != NEW:
                 raise RuntimeError("only a new lease can adopt an acquisition")
@@ -578,7 +579,7 @@ class HeldLease(Renewable):
             self.owner, self.version, self.fencing_token = owner, version, fence
             self._hold_until_ns = hold_until_ns
             self.state = HELD
-        self._scheduler.schedule(self, mono_ns + renew_interval_ns(self.lease_ms))
+        self._scheduler.schedule(self, renew_at_ns)
         return True
 
     def renewal_state(self) -> tuple[str, int, int, tuple[int, int, int, int, int]]:

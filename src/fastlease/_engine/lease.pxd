@@ -54,7 +54,7 @@ cdef class Lease(WaitingLease):
     @cython.locals(mono_ns=int64_t, wall_ns=int64_t, timeout_s=double)
     @cython.final
     cdef bint _acquisition_write(self, int64_t deadline_ns, object seen_owner, object seen_version) except -1
-    @cython.locals(counted_mono_ns=int64_t, counted_wall_ns=int64_t)
+    @cython.locals(counted_mono_ns=int64_t, counted_wall_ns=int64_t, renew_at_ns=int64_t)
     @cython.final
     cdef bint _confirm(self, str owner, str version, int64_t mono_ns, int64_t wall_ns, object fence,
                        int64_t shift_ns=*) except -1

@@ -20,6 +20,7 @@ from .keys import check_holder_kind, check_row
 from .timing import (
     DELEGATE_MIN_LEASE_MS,
     ERROR_BACKOFF_MS,
+    HANDED_FIRST_RENEWAL_MS,
     HANDED_LEASE_MS,
     NEVER_SET,
     WAITING_MARK_AFTER_MS,
@@ -240,7 +241,7 @@ class Lease(WaitingLease):
     def _take_handed(self, version: str, fence: Optional[int]) -> bool:
         """A release handed the lease over to us, in our offer's owner and ``version``: HELD, its validity
         counted from the stamp taken before the read that left that offer, over the span the handover wrote
-        (HANDED_LEASE_MS at most), so the first renewal is due at once. The release may have taken either of
+        (HANDED_LEASE_MS at most) until the first renewal sets the lease. The release may have taken either of
         our last two offers (the newer one's read still in flight); an older version is not counted."""
         for offered, mono_ns, wall_ns in self._offers:
             if offered == version:
@@ -323,13 +324,17 @@ class Lease(WaitingLease):
     def _confirm(self, owner: str, version: str, mono_ns: int, wall_ns: int, fence: Optional[int],
                  shift_ns: int = 0) -> bool:
         """A write of ours is confirmed: HELD with validity from the stamp taken before the write (counted
-        ``shift_ns`` earlier for a lease handed over with a shorter PX than its own: validity, and the first
-        renewal, come that much sooner).
+        ``shift_ns`` earlier for a lease handed over with a shorter PX than its own: validity ends that much
+        sooner, and the first renewal is due HANDED_FIRST_RENEWAL_MS after the stamp).
 
         A confirmation that arrives after that validity ended (a very slow response), or after the
         acquisition was cancelled, does not count: the row is ours, so it is deleted.
         """
         counted_mono_ns, counted_wall_ns = mono_ns - shift_ns, wall_ns - shift_ns
+        if shift_ns:  # handed over: L/3 after the counted stamp is overdue, yet not at once (HANDED_FIRST_...)
+            renew_at_ns = mono_ns + HANDED_FIRST_RENEWAL_MS * _NS_PER_MS
+        else:
+            renew_at_ns = counted_mono_ns + renew_interval_ns(self.lease_ms)
         with self._mutex:
             if self.state != ACQUIRING:
                 return False  # a late success never revives a failed or cancelled guard
@@ -354,16 +359,17 @@ class Lease(WaitingLease):
             pulse = self._link.fast_pulse  # the link's checks are done: the registration is one C call
             if pulse is not None:
                 link_id = pulse.register(self, self.table, self.key, owner, version, self.lease_ms, fence,
-                                         counted_mono_ns, counted_wall_ns, self._hold_until_ns, self._link.store_id)
+                                         counted_mono_ns, counted_wall_ns, self._hold_until_ns, renew_at_ns,
+                                         self._link.store_id)
             else:
-                link_id = self._link.register(self, counted_mono_ns, counted_wall_ns, self._hold_until_ns)
+                link_id = self._link.register(self, counted_mono_ns, counted_wall_ns, self._hold_until_ns, renew_at_ns)
             if link_id:
                 with self._mutex:
                     # The renewal process may have ended while this was being staged, handing its
                     # registrations back (this one too, before it was ours to clear): renewals stay here.
                     if self._link.registered(self, link_id):
                         self._link_id = link_id
-        self._scheduler.schedule(self, counted_mono_ns + renew_interval_ns(self.lease_ms))
+        self._scheduler.schedule(self, renew_at_ns)
         return True
 
     # ---- release (caller's thread) -------------------------------------------------------------

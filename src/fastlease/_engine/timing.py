@@ -76,8 +76,12 @@ DELEGATE_MIN_LEASE_MS = 1000
 #: The PX a release hands a lease over with, to the head of its line (``WaiterLine.hands_over``), where
 #: the lease is longer: a waiter that died in line holds the key this long at most, as long as its place
 #: would have lasted (the store's 1.5 s). Its validity counts from the stamp before the read that left its
-#: offer, over this span; its first renewal, due at once, sets the whole lease.
+#: offer, over this span, until its first renewal sets the whole lease.
 HANDED_LEASE_MS = 1500
+#: That first renewal is due this long after the stamp, not at once: a hold shorter than this (the usual
+#: case where keys are handed over) writes nothing more, and a renewal that fails fast still has its retry
+#: (min(lease/12, 1 s) later) before the handed validity ends, 0.9 × 1.5 s after the stamp.
+HANDED_FIRST_RENEWAL_MS = 250
 
 _NS_PER_MS = 1_000_000
 
