@@ -125,9 +125,9 @@ class GatedStore:
         return self.store.read(table, key, timeout_s, usage)
 
     def update_version_if(self, table: str, key: str, owner: str, version: str, new_version: str,
-                          timeout_s: float, usage: Any) -> bool:
+                          timeout_s: float, usage: Any, lease_ms: int = 0) -> bool:
         self._check(table, key)
-        return bool(self.store.update_version_if(table, key, owner, version, new_version, timeout_s, usage))
+        return bool(self.store.update_version_if(table, key, owner, version, new_version, timeout_s, usage, lease_ms))
 
 
 def build_store(config: Any, credentials: Any) -> Any:

@@ -14,13 +14,15 @@ JOIN_SLACK_S = 20.0  # how much longer than its wait a waiter may take to finish
 
 class Waiter:
     """Acquires ``key`` in ``table`` on ``client`` (waiting up to ``wait_s``, for a lease of ``lease_s``) on
-    a thread of its own, and releases it at once; ``token`` and ``acquired_at`` (monotonic) say when."""
+    a thread of its own, and releases it at once; ``token`` and ``acquired_at`` (monotonic) say when, and
+    ``writes`` how many acquisition writes it took (none where a release handed the lease over)."""
 
     def __init__(self, client: Any, key: str, wait_s: float = 20.0, lease_s: float = 5.0,
                  table: str = "locks") -> None:
         self.client, self.key, self.wait_s, self.lease_s, self.table = client, key, wait_s, lease_s, table
         self.token: Any = None
         self.acquired_at: Optional[float] = None
+        self.writes: Optional[int] = None
         self.error: Optional[BaseException] = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -31,6 +33,7 @@ class Waiter:
                                      wait_timeout=self.wait_s) as lease:
                 self.acquired_at = time.monotonic()
                 self.token = lease.fencing_token
+                self.writes = lease.metrics.write_requests
         except BaseException as error:  # noqa: BLE001 - reported by join()
             self.error = error
 

@@ -2,8 +2,10 @@
 waiter's read keeps its place in the lock table's line table, the store admits only the first live waiter
 to a free key, a release (or a waiter leaving with the turn) notifies that waiter's id on its client's
 turn channel and wakes it alone, in arrival order, a dead waiter's place is skipped once its deadline
-passes, and a wait that ends gives its place up. A lock table whose line is missing (made by an older
-version) falls back to waking every waiter, with one warning, until ``create_lock_table`` makes the line.
+passes, and a wait that ends gives its place up. A lock's release hands the lease over to the head's
+fresh offer in its own statement (docs/protocol.md, "The handover on PostgreSQL"). A lock table whose
+line is missing (made by an older version) falls back to waking every waiter, and a line without the
+offers' columns to turns without handovers, each with one warning, until ``create_lock_table`` runs.
 
 The line is read and planted through the test's own ``admin`` connection, and the channels are LISTENed
 on one of the test's own; waits for another thread's or the server's state poll it, bounded.
@@ -11,9 +13,11 @@ on one of the test's own; waits for another thread's or the server's state poll 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from typing import Any, Iterator
 
 import psycopg
 import pytest
@@ -282,6 +286,13 @@ def test_a_waiter_that_takes_over_leaves_the_line(make_client, admin):
         guard.__exit__(None, None, None)
 
 
+class StillClock(FakeClock):
+    """A FakeClock that waiting does not move (a wait is a short real one): its time is the test's alone."""
+
+    def wait(self, event: threading.Event, timeout_s: float) -> bool:
+        return event.wait(min(timeout_s, 0.05))
+
+
 class SleepLog(FakeClock):
     """A FakeClock that records each wait's timeout: the waiter's sleeps between its reads."""
 
@@ -328,6 +339,171 @@ def test_a_wait_that_runs_out_gives_its_place_up(make_client, admin):
         assert line(admin) == []
     finally:
         guard.__exit__(None, None, None)
+
+
+# ---- the handover of a released lease to the head of a lock's line -------------------------------------
+OFFER = ("o-a", "v-a", 30_000, 1_500)  # owner, version, lease_ms, and the lease_ms of a lease handed over
+
+
+@contextlib.contextmanager
+def turns_heard(store: Any, postgres_db: str) -> Iterator[tuple[psycopg.Connection, str]]:
+    """A connection of the test's that LISTENs on the turn channel of ``store``'s waiters, and that channel."""
+    turns = store.release_feed.turn_name
+    with psycopg.connect(postgres_db, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{turns}"')
+        yield listener, turns
+
+
+def held_with_w_a_first(store: Any) -> None:
+    """``k`` held by o1 (fence 1), and waiter w-a first in its line with OFFER."""
+    assert store.put_in_turn("locks", "k", "o1", "v1", 30_000, "", T, NO_USAGE) == 1
+    assert store.read_in_line("locks", "k", "w-a", T, NO_USAGE, None, OFFER)[1] is False
+
+
+def offer_at(admin: psycopg.Connection, waiter: str, ago_ms: int, key: str = "k") -> None:
+    """Date ``waiter``'s offer ``ago_ms`` back on the server's clock (its place stays alive)."""
+    admin.execute(f"UPDATE {LINE} SET offered_at = clock_timestamp() - %s * interval '1 millisecond'"
+                  " WHERE key = %s AND waiter = %s", (ago_ms, key, waiter))
+
+
+def test_a_release_hands_the_lease_over_to_the_head_s_fresh_offer_in_its_own_statement(make_client, admin,
+                                                                                       postgres_db):
+    store = make_client(tables=LOCKS).store
+    with turns_heard(store, postgres_db) as (listener, turns):
+        held_with_w_a_first(store)
+        store.read_in_line("locks", "k", "w-b", T, NO_USAGE, None, ("o-b", "v-b", 30_000, 1_500))
+        assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == DELETED
+        assert notifications(listener, 1) == [(turns, "w-a =v-a 2")]  # its id, the version and the fence
+        row = store.read("locks", "k", T, NO_USAGE)
+        assert (row.owner, row.version, row.lease_ms, row.fence) == ("o-a", "v-a", 1_500, 2)
+        assert line(admin) == ["w-b"]  # the head left the line: it holds the lease
+        # A read with the offer that was taken finds the lease in its owner, and takes no new place.
+        assert store.read_in_line("locks", "k", "w-a", T, NO_USAGE, None, OFFER) == (row, False)
+        assert line(admin) == ["w-b"]
+        # Its first renewal writes the lease's own lease_ms back.
+        assert store.update_version_if("locks", "k", "o-a", "v-a", "v-a2", T, NO_USAGE, 30_000)
+        assert store.read("locks", "k", T, NO_USAGE).lease_ms == 30_000
+        assert store.update_version_if("locks", "k", "o-a", "v-a2", "v-a3", T, NO_USAGE)  # 0: left as it is
+        assert store.read("locks", "k", T, NO_USAGE).lease_ms == 30_000
+        # A read of w-a that ran beside the handover kept a place, ahead of w-b, with a fresh offer in the
+        # owner that now holds the lease: its release deletes that place and hands over to w-b.
+        admin.execute(f"INSERT INTO {LINE} (key, waiter, channel, arrived, alive_until, offer_owner, offer_version,"
+                      " offer_px_ms, offered_at) VALUES ('k', 'w-a', %s, clock_timestamp() - interval '1 hour',"
+                      " clock_timestamp() + interval '1 minute', 'o-a', 'v-a4', 1500, clock_timestamp())", (turns,))
+        store.read_in_line("locks", "k", "w-b", T, NO_USAGE, None, ("o-b", "v-b", 30_000, 1_500))
+        assert store.delete_if_owner("locks", "k", "o-a", T, NO_USAGE) == DELETED
+        assert notifications(listener, 1) == [(turns, "w-b =v-b 3")]
+        assert store.read("locks", "k", T, NO_USAGE).owner == "o-b" and line(admin) == []
+
+
+def test_an_offer_older_than_a_third_of_its_span_only_wakes_its_waiter(make_client, admin, postgres_db):
+    store = make_client(tables=LOCKS).store
+    with turns_heard(store, postgres_db) as (listener, turns):
+        held_with_w_a_first(store)
+        offer_at(admin, "w-a", ago_ms=OFFER[3] // 3 + 50)  # its waiter may be gone: no handover
+        assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == DELETED
+        assert notifications(listener, 1) == [(turns, "w-a")]  # its turn, as without an offer
+        assert store.read("locks", "k", T, NO_USAGE) is None and line(admin) == ["w-a"]
+        # A waiter with no offer (a semaphore's, a version without handovers) is woken alike.
+        store.read_in_line("locks", "k", "w-a", T, NO_USAGE)
+        assert store.put_in_turn("locks", "k", "o2", "v2", 30_000, "w-a", T, NO_USAGE) == 2
+        store.read_in_line("locks", "k", "w-b", T, NO_USAGE)
+        assert store.delete_if_owner("locks", "k", "o2", T, NO_USAGE) == DELETED
+        assert notifications(listener, 1) == [(turns, "w-b")]
+        assert store.read("locks", "k", T, NO_USAGE) is None
+
+
+def test_a_waiter_that_leaves_frees_a_lease_handed_over_to_it_meanwhile_and_announces_the_next(make_client, admin,
+                                                                                                postgres_db):
+    store = make_client(tables=LOCKS).store
+    with turns_heard(store, postgres_db) as (listener, turns):
+        held_with_w_a_first(store)
+        store.read_in_line("locks", "k", "w-b", T, NO_USAGE)
+        assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == DELETED  # handed over to w-a
+        assert notifications(listener, 1) == [(turns, "w-a =v-a 2")]
+        store.leave_line("locks", "k", "w-b", T, None, "o-b")  # nothing handed over to it: nothing freed
+        assert store.read("locks", "k", T, NO_USAGE).owner == "o-a"
+        store.read_in_line("locks", "k", "w-b", T, NO_USAGE)
+        store.leave_line("locks", "k", "w-a", T, None, "o-a")  # w-a's wait ended: its lease is freed
+        assert notifications(listener, 1) == [(turns, "w-b")]
+        assert store.read("locks", "k", T, NO_USAGE) is None
+        assert store.put_in_turn("locks", "k", "o-b", "v-b", 30_000, "w-b", T, NO_USAGE) == 3  # (fence kept)
+
+
+def test_a_lease_handed_over_is_held_without_a_write_and_renewed_250_ms_after_its_stamp(make_client, admin):
+    """The waiter's clock moves only when the test moves it, and so do its renewals: it holds the handed
+    lease with the handover's 1.5 s (times 0.9) counted from the stamp before its read, and its first
+    renewal, 250 ms after that stamp, writes the lease's own lease_ms back."""
+    holder, clock = make_client("fl-holder", tables=LOCKS), StillClock()
+    taker = make_client("fl-taker", clock=clock)
+    guard = hold(holder, "k")
+    lease = SyncDistributedLock(taker, table="locks", key="k", lease_duration=30, wait_timeout=3_600)
+    thread = threading.Thread(target=lease.__enter__, daemon=True)
+    thread.start()
+    wait_until(lambda: line(admin) != [], BOUND_S, "the waiter's place in line")
+    guard.__exit__(None, None, None)
+    thread.join(BOUND_S)
+    assert not thread.is_alive() and lease.is_valid()
+    assert lease.fencing_token == guard.fencing_token + 1 and lease.metrics.write_requests == 1
+    stamp_ns = clock.monotonic_ns()
+    assert lease._lease.valid_until_ns() - stamp_ns == 1_350_000_000
+    assert holder.store.read("locks", "k", T, NO_USAGE).lease_ms == 1_500 and line(admin) == []
+    clock.advance(0.249)
+    assert lease.metrics.write_requests == 1
+    clock.advance(0.001)
+    assert lease._lease.valid_until_ns() - stamp_ns == 250_000_000 + 27_000_000_000
+    assert holder.store.read("locks", "k", T, NO_USAGE).lease_ms == 30_000
+    lease.__exit__(None, None, None)
+
+
+def test_a_lease_handed_over_to_a_waiter_that_died_in_line_is_taken_over_after_the_handover_s_span(make_client,
+                                                                                                  admin):
+    """A waiter that offered, then died, is handed the lease, written with the handover's 1.5 s as its
+    lease_ms: the next waiter takes it over once it has seen it unchanged that long, not the lease's 30 s."""
+    holder, client = make_client("fl-holder", tables=LOCKS), make_client("fl-waiter")
+    guard = hold(holder, "k")
+    holder.store.read_in_line("locks", "k", "dead", T, NO_USAGE, None, OFFER)  # its last read, then it died
+    waiter = Waiter(client, "k", wait_s=BOUND_S, lease_s=5)
+    wait_until(lambda: len(line(admin)) == 2, BOUND_S, "the waiter behind the dead one")
+    released_at = time.monotonic()
+    guard.__exit__(None, None, None)  # hands the lease over to the dead waiter
+    waiter.join()
+    assert waiter.token == guard.fencing_token + 2  # the handover's token, then its own takeover's
+    taken_at = released_at + OFFER[3] / 1000
+    assert taken_at - 0.05 <= waiter.acquired_at <= taken_at + 2 * LONGEST_POLL_S + 1.0
+
+
+def test_a_line_made_by_an_earlier_version_takes_turns_without_handovers_until_create_lock_table(
+        make_client, admin, caplog):
+    holder = make_client("fl-holder", tables=LOCKS)
+    admin.execute(f"ALTER TABLE {LINE} DROP COLUMN offer_owner, DROP COLUMN offer_version,"
+                  " DROP COLUMN offer_px_ms, DROP COLUMN offered_at")  # as an earlier version made it
+    waiting = make_client("fl-waiter")
+    caplog.set_level(logging.WARNING, logger="fastlease.stores.postgres")
+
+    def waited_for_a_release() -> Waiter:
+        guard = hold(holder, "k")
+        waiter = Waiter(waiting, "k", wait_s=BOUND_S, lease_s=30)
+        wait_until(lambda: line(admin) != [] and waiting.store.release_feed.subscribed("locks"), BOUND_S,
+                   "the waiter in line")
+        guard.__exit__(None, None, None)
+        waiter.join()
+        return waiter
+
+    waiter = waited_for_a_release()
+    # Its turn came by the feed, and it wrote: a put in turn, after its refused first put.
+    assert waiter.token == 2 and waiter.writes == 2 and waiting.store.release_feed.delivered == 1
+    assert line(admin) == []
+    assert "locks" in waiting.store._offerless and "locks" in holder.store._offerless
+    assert not waiting.store._lineless and not holder.store._lineless
+    warnings = [record.getMessage() for record in caplog.records if "no offers' columns" in record.getMessage()]
+    assert len(warnings) == 2 and all("'locks'" in message for message in warnings), warnings
+
+    waiting.create_lock_table("locks")  # adds the columns: this client's waiters offer again
+    holder.create_lock_table("locks")
+    assert "locks" not in waiting.store._offerless and "locks" not in holder.store._offerless
+    waiter = waited_for_a_release()
+    assert waiter.token == 4 and waiter.writes == 1  # handed over: its one write was its refused put
 
 
 # ---- a lock table without a line ---------------------------------------------------------------------

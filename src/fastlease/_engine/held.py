@@ -462,9 +462,8 @@ class HeldLease(Renewable):
         mono_ns, wall_ns = self._mono(), self._wall()
         self._renew_writes += 1
         try:
-            applied = self._store.update_version_if(
-                self.table, self.key, owner, version, new_version, self._timeout_s(deadline_ns, mono_ns), self
-            )
+            applied = self._store.update_version_if(self.table, self.key, owner, version, new_version,
+                                                    self._timeout_s(deadline_ns, mono_ns), self, self.lease_ms)
         except StoreError as error:
             self._renew_request_failures += 1
             self._renew_errors += 1

@@ -116,9 +116,12 @@ class LockStore(Protocol):
         ...
 
     def update_version_if(
-        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter,
+        lease_ms: int = 0,
     ) -> bool:
-        """Set version to new_version only if the row holds (owner, version); lease_ms is untouched."""
+        """Set version to new_version only if the row holds (owner, version). ``lease_ms`` is the lease's own
+        (0: not given), which a store whose handover writes a shorter one (PostgreSQL) writes back; the
+        others leave the row's lease_ms untouched."""
         ...
 
     def mark_waiting(

@@ -106,7 +106,8 @@ class MemoryStore:
             return self._write_locked(slot, owner, version, lease_ms)
 
     def update_version_if(
-        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter,
+        lease_ms: int = 0,
     ) -> bool:
         """Set the row's version to ``new_version`` only if it holds (owner, version); True if it did."""
         args = (table, key, owner, version, new_version)

@@ -291,7 +291,8 @@ class SQLiteStore:
         return self._acquired("replace_if", table, key, timeout_s, _REPLACE_IF, parameters)
 
     def update_version_if(
-        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter,
+        lease_ms: int = 0,
     ) -> bool:
         """Renewal: set the version only if the row holds (owner, version); True if it did."""
         parameters = (new_version, key, owner, version)

@@ -446,7 +446,8 @@ class DynamoDBStore:
         return self._send("UpdateItem", params, timeout_s, usage, key) is not None
 
     def update_version_if(
-        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter,
+        lease_ms: int = 0,
     ) -> bool:
         """UpdateItem of the version alone, on (owner, version): True if applied."""
         body = Body(RENEWAL, table, key, owner, version, new_version)

@@ -10,7 +10,9 @@ thread, on its turn channel and on the channel of each table it waits in.
 
 As with Redis pub/sub, a notification is only a hint to look again: a lost one (a reconnect, a LISTEN
 not yet confirmed) leaves a waiter to its next poll, and it never admits anyone, since the waiter
-must still win the conditional write. It never grants, extends or ends ownership.
+must still win the conditional write, or have been handed the lease by the release's own write (the
+notification then reports that write, with its version and fencing token; the waiter's next read
+finds it too). It never grants, extends or ends ownership.
 """
 
 from __future__ import annotations

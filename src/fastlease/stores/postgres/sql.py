@@ -76,8 +76,10 @@ REPLACE_IF = """WITH observed AS (
 UPDATE {name} SET owner = $1, version = $2, lease_ms = $3, protocol = 1, waiting = false, fence = fence + 1
 WHERE key = $4 AND owner = $5 AND version = $6 AND EXISTS (SELECT 1 FROM observed)
 RETURNING fence"""
-#: Renew: only the version; lease_ms is the owner's and is never rewritten.
-UPDATE_VERSION_IF = """UPDATE {name} SET version = $1 WHERE key = $2 AND owner = $3 AND version = $4"""
+#: Renew: a new version, and the lease's own lease_ms ($5; 0: unchanged), which the first renewal of a
+#: lease handed over on release (FREE_IN_LINE, written with the handover's shorter span) writes back.
+UPDATE_VERSION_IF = """UPDATE {name} SET version = $1, lease_ms = coalesce(nullif($5::bigint, 0), lease_ms)
+WHERE key = $2 AND owner = $3 AND version = $4"""
 #: A contender's turn-taking hint, once per hold.
 MARK_WAITING = """UPDATE {name} SET waiting = true
 WHERE key = $1 AND owner = $2 AND version = $3 AND NOT waiting"""
@@ -100,23 +102,41 @@ SELECT waiting, pg_notify($3, $1) FROM freed"""
 #: table, under a name derived from the lock table's (``line_table``). Only turns rest on it, never
 #: ownership: the acquisition's conditions are those of PUT_IF_ABSENT.
 LINE_TABLE_SCHEMA = """CREATE TABLE IF NOT EXISTS {line} (
-    key         text NOT NULL,
-    waiter      text NOT NULL,
-    channel     text NOT NULL,
-    arrived     timestamptz NOT NULL,
-    alive_until timestamptz NOT NULL,
+    key           text NOT NULL,
+    waiter        text NOT NULL,
+    channel       text NOT NULL,
+    arrived       timestamptz NOT NULL,
+    alive_until   timestamptz NOT NULL,
+    offer_owner   text,
+    offer_version text,
+    offer_px_ms   bigint,
+    offered_at    timestamptz,
     PRIMARY KEY (key, waiter)
 )"""
+#: A lock's waiter's offer to take the lease over on its release (docs/protocol.md, "The handover on
+#: PostgreSQL"): the owner and version the release writes the lease in, with ``offer_px_ms`` as its
+#: lease_ms, if the offer was made (``offered_at``, the server's clock) no longer than a third of that ago.
+#: A line table made by an earlier version gains these columns when create_lock_table runs again; until
+#: then the store uses the statements without offers (``..._WITHOUT_OFFERS``) on it.
+LINE_OFFER_COLUMNS = """ALTER TABLE {line} ADD COLUMN IF NOT EXISTS offer_owner text,
+    ADD COLUMN IF NOT EXISTS offer_version text, ADD COLUMN IF NOT EXISTS offer_px_ms bigint,
+    ADD COLUMN IF NOT EXISTS offered_at timestamptz"""
 #: What an operator listing the tables reads about a line's (its name says nothing of its lock table's).
 LINE_TABLE_COMMENT = """COMMENT ON TABLE {line} IS 'fastlease: the line of waiters of lock table {name}'"""
 #: A waiter's read: waiter $2 takes a place at the end of the line of key $5 (key $1's own, or its
 #: semaphore's) or keeps its own for $3 ms more, with $4, the channel that tells its client of its turn
-#: (feed.turn_channel); waiters in that line dead for as long again are dropped. The answer is key $1's
-#: held row (NULLs when the key is free) and ``turn``: the key is free and no live waiter is ahead of $2.
+#: (feed.turn_channel), and its offer ($6-$8: owner, version and the handover's lease_ms; NULLs: none);
+#: waiters in that line dead for as long again are dropped. A read that finds the lease already handed
+#: over to its offer's owner takes no new place. The answer is key $1's held row (NULLs when the key is
+#: free) and ``turn``: the key is free and no live waiter is ahead of $2.
 READ_IN_LINE = """WITH kept AS (
-    INSERT INTO {line} AS place (key, waiter, channel, arrived, alive_until)
-    VALUES ($5, $2, $4, clock_timestamp(), clock_timestamp() + $3::bigint * interval '1 millisecond')
-    ON CONFLICT (key, waiter) DO UPDATE SET alive_until = excluded.alive_until
+    INSERT INTO {line} AS place (key, waiter, channel, arrived, alive_until, offer_owner, offer_version,
+        offer_px_ms, offered_at)
+    SELECT $5::text, $2::text, $4::text, clock_timestamp(), clock_timestamp() + $3::bigint * interval '1 millisecond',
+        $6::text, $7::text, $8::bigint, clock_timestamp()
+    WHERE $6::text IS NULL OR NOT EXISTS (SELECT 1 FROM {name} WHERE key = $5 AND owner = $6::text)
+    ON CONFLICT (key, waiter) DO UPDATE SET alive_until = excluded.alive_until, offer_owner = excluded.offer_owner,
+        offer_version = excluded.offer_version, offer_px_ms = excluded.offer_px_ms, offered_at = excluded.offered_at
     RETURNING 1
 ), dropped AS (
     DELETE FROM {line} WHERE key = $5 AND waiter <> $2
@@ -130,6 +150,14 @@ SELECT held.owner, held.version, held.lease_ms, held.protocol, held.waiting, hel
                                             FROM {line} mine WHERE mine.key = $5 AND mine.waiter = $2)
     ) AS turn
 FROM (SELECT 1) AS one LEFT JOIN {name} AS held ON held.key = $1 AND held.owner IS NOT NULL"""
+#: The same, on a line table made by an earlier version, without offers ($6-$8 are not sent).
+READ_IN_LINE_WITHOUT_OFFERS = """WITH kept AS (
+    INSERT INTO {line} AS place (key, waiter, channel, arrived, alive_until)
+    VALUES ($5, $2, $4, clock_timestamp(), clock_timestamp() + $3::bigint * interval '1 millisecond')
+    ON CONFLICT (key, waiter) DO UPDATE SET alive_until = excluded.alive_until
+    RETURNING 1
+), dropped AS (
+""" + READ_IN_LINE[READ_IN_LINE.index("    DELETE FROM {line} WHERE key = $5 AND waiter <> $2"):]
 #: A waiter's read of every slot of a semaphore ($1, an array of keys), in one statement
 #: (READ_ALL_IN_LINE): READ_IN_LINE's place kept in the line of key $5 (the semaphore's), then this, one
 #: row per key, in order: the held row (NULLs when free) and ``turn``, the same in every row: no live
@@ -143,7 +171,9 @@ EVERY_SLOT_IN_LINE = """SELECT held.owner, held.version, held.lease_ms, held.pro
     ) AS turn
 FROM unnest($1::text[]) WITH ORDINALITY AS slot (key, n)
 LEFT JOIN {name} AS held ON held.key = slot.key AND held.owner IS NOT NULL ORDER BY slot.n"""
-READ_ALL_IN_LINE = READ_IN_LINE[:READ_IN_LINE.index("SELECT held.owner")] + EVERY_SLOT_IN_LINE
+# (A semaphore's waiter makes no offer: the statement without offers serves every line table.)
+READ_ALL_IN_LINE = (READ_IN_LINE_WITHOUT_OFFERS[:READ_IN_LINE_WITHOUT_OFFERS.index("SELECT held.owner")]
+                    + EVERY_SLOT_IN_LINE)
 #: The same read where the table has no line: the rows alone.
 READ_ALL = """SELECT held.owner, held.version, held.lease_ms, held.protocol, held.waiting, held.fence
 FROM unnest($1::text[]) WITH ORDINALITY AS slot (key, n)
@@ -182,8 +212,38 @@ PUT_IN_TURN_PASSING = PUT_IN_TURN.replace("\n)\nSELECT fence FROM put", PASS_TUR
 #: Release, where the table has a line: as FREE, but the notification goes to the first live waiter in
 #: the line of key $4 (key $1's own, or its semaphore's) alone, on the channel of its client with its id
 #: (for a semaphore's line, followed by a space and the key released, which the waiter then tries first);
-#: with nobody live in line, to every waiter, on the table's release channel ($3) with the key.
+#: with nobody live in line, to every waiter, on the table's release channel ($3) with the key. Where
+#: that waiter, in a lock's line, left an offer no older than a third of its span, the release hands the
+#: lease over in the same statement: the row is written in the offer's owner and version, with the
+#: offer's span as its lease_ms and a new fence, the waiter leaves the line, and its id is followed by
+#: " =<version> <fence>". A place left by the releaser itself, as a waiter that was handed the lease (its
+#: read in line ran beside that handover, and kept a place the handover had just taken away), is
+#: deleted, never the head.
 FREE_IN_LINE = """WITH held AS (
+    SELECT waiting FROM {name} WHERE key = $1 AND owner = $2 FOR UPDATE
+), head AS (
+    SELECT waiter, channel, offer_owner, offer_version, offer_px_ms, $4 = $1 AND offer_owner IS NOT NULL
+        AND offered_at >= clock_timestamp() - offer_px_ms / 3 * interval '1 millisecond' AS hands
+    FROM {line} WHERE key = $4 AND alive_until > clock_timestamp() AND offer_owner IS DISTINCT FROM $2
+    ORDER BY arrived, waiter LIMIT 1
+), handed AS (
+    SELECT offer_owner, offer_version, offer_px_ms FROM head WHERE hands
+), freed AS (
+    UPDATE {name} SET owner = (SELECT offer_owner FROM handed), version = (SELECT offer_version FROM handed),
+        lease_ms = coalesce((SELECT offer_px_ms FROM handed), lease_ms),
+        fence = fence + (SELECT count(*) FROM handed), waiting = false
+    WHERE key = $1 AND owner = $2 AND EXISTS (SELECT 1 FROM held)
+    RETURNING (SELECT waiting FROM held) AS waiting, fence, EXISTS (SELECT 1 FROM handed) AS hands
+), taken AS (
+    DELETE FROM {line} WHERE key = $4 AND EXISTS (SELECT 1 FROM freed)
+    AND (offer_owner = $2 OR waiter = (SELECT waiter FROM head WHERE hands))
+)
+SELECT freed.waiting, CASE WHEN head.waiter IS NULL THEN pg_notify($3, $1)
+    WHEN freed.hands THEN pg_notify(head.channel, head.waiter || ' =' || head.offer_version || ' ' || freed.fence)
+    WHEN $4 = $1 THEN pg_notify(head.channel, head.waiter) ELSE pg_notify(head.channel, head.waiter || ' ' || $1) END
+FROM freed LEFT JOIN head ON true"""
+#: The same, on a line table made by an earlier version: no handover.
+FREE_IN_LINE_WITHOUT_OFFERS = """WITH held AS (
     SELECT waiting FROM {name} WHERE key = $1 AND owner = $2 FOR UPDATE
 ), freed AS (
     UPDATE {name} SET owner = NULL, version = NULL, waiting = false
@@ -197,18 +257,23 @@ SELECT waiting, CASE WHEN head.waiter IS NULL THEN pg_notify($3, $1)
     WHEN $4 = $1 THEN pg_notify(head.channel, head.waiter) ELSE pg_notify(head.channel, head.waiter || ' ' || $1) END
 FROM freed LEFT JOIN head ON true"""
 #: Leave the line: waiter $2 gives up its place in the line of key $3 (key $1's own, or its semaphore's);
-#: if it had the turn (key $1 free and no live waiter ahead of it), the next live waiter's turn is
-#: announced on its client's channel.
+#: if it had the turn (key $1 free and no live waiter ahead of it), or a release had handed it the lease
+#: meanwhile (held in its offer's owner, $4), which is freed, the next live waiter's turn is announced
+#: on its client's channel.
 LEAVE_LINE = """WITH gone AS (
     DELETE FROM {line} WHERE key = $3 AND waiter = $2 RETURNING arrived
+), unhanded AS (
+    UPDATE {name} SET owner = NULL, version = NULL, waiting = false WHERE key = $1 AND owner = $4::text
+    RETURNING 1
 ), head AS (
     SELECT waiter, channel FROM {line} WHERE key = $3 AND waiter <> $2 AND alive_until > clock_timestamp()
     ORDER BY arrived, waiter LIMIT 1
 )
-SELECT pg_notify(head.channel, head.waiter) FROM gone, head
-WHERE NOT EXISTS (SELECT 1 FROM {name} WHERE key = $1 AND owner IS NOT NULL)
-AND NOT EXISTS (SELECT 1 FROM {line} other WHERE other.key = $3 AND other.waiter <> $2
-    AND other.alive_until > clock_timestamp() AND (other.arrived, other.waiter) < (gone.arrived, $2::text))"""
+SELECT pg_notify(head.channel, head.waiter) FROM head
+WHERE EXISTS (SELECT 1 FROM unhanded) OR EXISTS (SELECT 1 FROM gone
+    WHERE NOT EXISTS (SELECT 1 FROM {name} WHERE key = $1 AND owner IS NOT NULL)
+    AND NOT EXISTS (SELECT 1 FROM {line} other WHERE other.key = $3 AND other.waiter <> $2
+        AND other.alive_until > clock_timestamp() AND (other.arrived, other.waiter) < (gone.arrived, $2::text)))"""
 READ = """SELECT owner, version, lease_ms, protocol, waiting, fence FROM {name}
 WHERE key = $1 AND owner IS NOT NULL"""
 INSPECT = """SELECT key, owner, version, lease_ms, protocol, waiting, fence FROM {name}

@@ -40,10 +40,12 @@ from .sql import (
     FINISH_TYPES,
     FREE,
     FREE_IN_LINE,
+    FREE_IN_LINE_WITHOUT_OFFERS,
     HINTS,
     IDENTITY_BY_POSITION,
     INSPECT,
     LEAVE_LINE,
+    LINE_OFFER_COLUMNS,
     LINE_TABLE_COMMENT,
     LINE_TABLE_SCHEMA,
     LOCK_COLUMNS,
@@ -57,6 +59,7 @@ from .sql import (
     READ_ALL,
     READ_ALL_IN_LINE,
     READ_IN_LINE,
+    READ_IN_LINE_WITHOUT_OFFERS,
     READ_RECORD,
     RECORD_COLUMNS,
     RECORD_EXPIRY_INDEX,
@@ -83,8 +86,9 @@ class PostgresStore:
     blocking = True
     #: One statement may name a slot's row and its semaphore's line (stores/base.py's WaiterLine).
     shared_lines = True
-    #: A release wakes the next waiter, which then writes (stores/base.py's WaiterLine): no offers are made here.
-    hands_over = False
+    #: A release hands a lock's lease over to the head of its line, where that waiter left an offer
+    #: (stores/base.py's WaiterLine; FREE_IN_LINE), on a line table that has the offer's columns.
+    hands_over = True
 
     #: The largest serialised result a record holds here (bytea's limit is 1 GB; records stay well under).
     max_result_bytes = 100_000_000
@@ -107,6 +111,9 @@ class PostgresStore:
         # Lock tables without a line of waiters this client can use (made before there was one, or whose
         # line our role may not write): their waiters are all woken by a release, as before the line.
         self._lineless: set[str] = set()
+        # Lock tables whose line was made by an earlier version, without the offers' columns: their waiters
+        # take turns, but no lease is handed over (create_lock_table adds the columns).
+        self._offerless: set[str] = set()
         self._feed: Any = None
         self._idle: list[Session] = []
         self._lock = threading.Lock()
@@ -239,11 +246,13 @@ class PostgresStore:
         return _token(self._request("replace_if", key, statement, parameters, timeout_s, True))
 
     def update_version_if(
-        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter,
+        lease_ms: int = 0,
     ) -> bool:
-        """Renewal: set the version only if the row holds (owner, version)."""
+        """Renewal: set the version, and ``lease_ms`` (the lease's own, where given: a handed lease was written
+        with the handover's shorter one), only if the row holds (owner, version)."""
         statement = self._sql(UPDATE_VERSION_IF, table)
-        parameters = [new_version.encode(), key_bytes(key), owner.encode(), version.encode()]
+        parameters = [new_version.encode(), key_bytes(key), owner.encode(), version.encode(), b"%d" % lease_ms]
         result = self._request("update_version_if", key, statement, parameters, timeout_s, True)
         return bool(result.command_tuples == 1)
 
@@ -275,7 +284,7 @@ class PostgresStore:
             channel = self._release_channels[table] = release_channel(table).encode()
         parameters = [key_bytes(key), owner.encode(), channel, key_bytes(line_key)]
         result = self._in_line("delete_if_owner", table, key, FREE_IN_LINE, parameters, FREE, parameters[:3],
-                               timeout_s, True)
+                               timeout_s, True, (FREE_IN_LINE_WITHOUT_OFFERS, parameters))
         if result.ntuples == 0:
             return NOT_DELETED
         return DELETED_WITH_WAITERS if result.get_value(0, 0) == b"t" else DELETED
@@ -286,12 +295,14 @@ class PostgresStore:
         offer: Optional[Offer] = None,
     ) -> tuple[Optional[LockRow], bool]:
         """As ``read``, and ``waiter`` takes a place at the end of the line of ``line_key`` (None: the key's
-        own), or keeps its own, for LINE_ALIVE_MS more. The row, and whether the key is free and ``waiter``
-        first among the live. (No ``offer`` is given here: ``hands_over`` is False.)"""
+        own), or keeps its own, for LINE_ALIVE_MS more, leaving its ``offer`` (a lock's waiter) for the
+        release to hand the lease over with. The row, and whether the key is free and ``waiter`` first among
+        the live."""
         parameters = [key_bytes(key), waiter.encode(), b"%d" % LINE_ALIVE_MS, self.release_feed.turn_name.encode(),
                       key_bytes(key if line_key is None else line_key)]
-        result = self._in_line("read_in_line", table, key, READ_IN_LINE, parameters, READ, parameters[:1],
-                               timeout_s, False)
+        offered = [None, None, None] if offer is None else [offer[0].encode(), offer[1].encode(), b"%d" % offer[3]]
+        result = self._in_line("read_in_line", table, key, READ_IN_LINE, [*parameters, *offered], READ,
+                               parameters[:1], timeout_s, False, (READ_IN_LINE_WITHOUT_OFFERS, parameters))
         if result.nfields == 6:  # the table has no line (_in_line): the plain read answered
             return (None if result.ntuples == 0 else _row(result, 0, 0)), False
         if result.get_value(0, 0) is None:
@@ -336,22 +347,35 @@ class PostgresStore:
         offered_owner: Optional[str] = None,
     ) -> None:
         """``waiter`` gives up its place in the line of ``line_key`` (None: the key's own); if it had the turn
-        and the key is free, the next is announced. (No ``offered_owner`` is given here: ``hands_over`` is
-        False.)"""
+        and the key is free, or a release handed it the lease meanwhile (held in ``offered_owner``, which is
+        freed), the next is announced."""
         line = key_bytes(key if line_key is None else line_key)
-        self._in_line("leave_line", table, key, LEAVE_LINE, [key_bytes(key), waiter.encode(), line], None, [],
+        offered = None if offered_owner is None else offered_owner.encode()
+        self._in_line("leave_line", table, key, LEAVE_LINE, [key_bytes(key), waiter.encode(), line, offered], None, [],
                       timeout_s, True)
 
     def _in_line(self, operation: str, table: str, key: str, template: str, parameters: list[Any],
-                 plain: Optional[str], plain_parameters: list[Any], timeout_s: float, write: bool) -> Any:
+                 plain: Optional[str], plain_parameters: list[Any], timeout_s: float, write: bool,
+                 without_offers: Optional[tuple[str, list[Any]]] = None) -> Any:
         """Run ``template`` (a statement that uses the table's line); where the line is missing or our role
-        may not use it, remember so, warn once, and run ``plain`` (its step without the line) instead."""
+        may not use it, remember so, warn once, and run ``plain`` (its step without the line) instead. Where
+        the line has no offers' columns (made by an earlier version), the same with ``without_offers``."""
+        if without_offers is not None and table in self._offerless:
+            template, parameters = without_offers
         if table not in self._lineless:
             try:
                 return self._request(operation, key, self._sql(template, table), parameters, timeout_s, write)
             except StoreRequestRejected as error:
                 # Only the server's own words about the line table: the message we add names every table.
                 failure = error.__cause__
+                if (without_offers is not None and isinstance(failure, Failure) and failure.sqlstate == "42703"
+                        and "offer" in str(failure) and table not in self._offerless):
+                    self._offerless.add(table)
+                    _log.warning("the line of waiters of lock table %r has no offers' columns (made by an earlier "
+                                 "version): waiters take turns, but no lease is handed over on release; run "
+                                 "create_lock_table again to add them (docs/operations.md)", table)
+                    return self._in_line(operation, table, key, template, parameters, plain, plain_parameters,
+                                         timeout_s, write, without_offers)
                 if not (isinstance(failure, Failure) and failure.sqlstate in ("42P01", "42501")
                         and line_table(table).strip('"') in str(failure)):
                     raise
@@ -409,7 +433,9 @@ class PostgresStore:
             line = line_table(table)
             self._create(table, LINE_TABLE_SCHEMA.format(line=line), timeout_s)
             self._create(table, LINE_TABLE_COMMENT.format(line=line, name=name), timeout_s)
+            self._create(table, LINE_OFFER_COLUMNS.format(line=line), timeout_s)  # (a line made by an earlier version)
             self._lineless.discard(table)
+            self._offerless.discard(table)
         if records:
             self._create(table, RECORD_EXPIRY_INDEX.format(index=expiry_index_name(table), name=name), timeout_s)
 

@@ -356,15 +356,14 @@ class RedisStore:
         return fencing_token(self.run_script(self.scripts.take_over, key, timeout_s, keys, args), key)
 
     def update_version_if(
-        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter
+        self, table: str, key: str, owner: str, version: str, new_version: str, timeout_s: float, usage: UsageMeter,
+        lease_ms: int = 0,
     ) -> bool:
         """The RENEW script: a new version and a fresh PX, only on exactly (owner, version); True if it ran."""
         lease = self.names(table, key)[:1]
         return self.run_script(self.scripts.renew, key, timeout_s, lease, (owner, version, new_version)) == 1
 
-    def mark_waiting(
-        self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter
-    ) -> bool:
+    def mark_waiting(self, table: str, key: str, owner: str, version: str, timeout_s: float, usage: UsageMeter) -> bool:
         """The MARK_WAITING script: set the hint once per hold, only on exactly (owner, version); True if it
         did. The PX is left alone."""
         lease = self.names(table, key)[:1]
