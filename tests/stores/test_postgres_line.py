@@ -506,6 +506,17 @@ def test_a_line_made_by_an_earlier_version_takes_turns_without_handovers_until_c
     assert waiter.token == 4 and waiter.writes == 1  # handed over: its one write was its refused put
 
 
+def test_create_lock_table_alters_a_line_only_when_it_lacks_the_offers_columns(make_client, postgres_db):
+    """A rerun on an up-to-date line takes no ACCESS EXCLUSIVE lock (ALTER TABLE would): it completes while
+    another transaction writes the line."""
+    store = make_client(tables=LOCKS).store
+    with psycopg.connect(postgres_db) as writer:  # a transaction left open, holding ROW EXCLUSIVE on the line
+        writer.execute(f"INSERT INTO {LINE} (key, waiter, channel, arrived, alive_until)"
+                       " VALUES ('k', 'w', 'c', now(), now())")
+        store.create_table("locks", False, 2.0)  # with an ALTER, it would wait for the lock and time out
+        writer.rollback()
+
+
 # ---- a lock table without a line ---------------------------------------------------------------------
 def test_a_lock_table_without_its_line_wakes_every_waiter_until_create_lock_table_makes_it(make_client, admin,
                                                                                        caplog):

@@ -118,6 +118,8 @@ LINE_TABLE_SCHEMA = """CREATE TABLE IF NOT EXISTS {line} (
 #: lease_ms, if the offer was made (``offered_at``, the server's clock) no longer than a third of that ago.
 #: A line table made by an earlier version gains these columns when create_lock_table runs again; until
 #: then the store uses the statements without offers (``..._WITHOUT_OFFERS``) on it.
+OFFER_COLUMNS = {("offer_owner", "text"), ("offer_version", "text"), ("offer_px_ms", "bigint"),
+                 ("offered_at", "timestamp with time zone")}
 LINE_OFFER_COLUMNS = """ALTER TABLE {line} ADD COLUMN IF NOT EXISTS offer_owner text,
     ADD COLUMN IF NOT EXISTS offer_version text, ADD COLUMN IF NOT EXISTS offer_px_ms bigint,
     ADD COLUMN IF NOT EXISTS offered_at timestamptz"""

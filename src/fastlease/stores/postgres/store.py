@@ -51,6 +51,7 @@ from .sql import (
     LOCK_COLUMNS,
     LOCK_TABLE_SCHEMA,
     MARK_WAITING,
+    OFFER_COLUMNS,
     PUT_IF_ABSENT,
     PUT_IN_TURN,
     PUT_IN_TURN_PASSING,
@@ -433,7 +434,8 @@ class PostgresStore:
             line = line_table(table)
             self._create(table, LINE_TABLE_SCHEMA.format(line=line), timeout_s)
             self._create(table, LINE_TABLE_COMMENT.format(line=line, name=name), timeout_s)
-            self._create(table, LINE_OFFER_COLUMNS.format(line=line), timeout_s)  # (a line made by an earlier version)
+            if not OFFER_COLUMNS <= set(self.columns(line.strip('"'), timeout_s)):  # a line made by an earlier version
+                self._create(table, LINE_OFFER_COLUMNS.format(line=line), timeout_s)  # (no lock taken when not needed)
             self._lineless.discard(table)
             self._offerless.discard(table)
         if records:
