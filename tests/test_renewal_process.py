@@ -407,6 +407,46 @@ def test_a_lease_handed_over_is_first_renewed_a_quarter_second_after_its_stamp(r
         taker.close()
 
 
+@pytest.mark.server
+def test_a_lease_handed_over_on_postgresql_gets_its_lease_ms_back_from_the_renewal_process(postgres_db,
+                                                                                           renewal_processes):
+    """On PostgreSQL the handover writes the handover's 1.5 s as the row's lease_ms (a row does not expire):
+    the first renewal, which the renewal process sends, must write the lease's own 30 s back, or a
+    contender could take the key over 1.5 s after any renewal while the holder counts 27 s of validity."""
+    import psycopg
+
+    from fastlease import PostgresClient
+    from fastlease.stores.postgres.sql import line_table
+
+    holder, taker = PostgresClient(postgres_db), PostgresClient(postgres_db)
+    holder.create_lock_table("locks")
+    lease = SyncDistributedLock(taker, table="locks", key="handed", lease_duration=30, wait_timeout=30)
+    thread = threading.Thread(target=lease.__enter__, daemon=True)
+    try:
+        with psycopg.connect(postgres_db, autocommit=True) as admin:
+            def lease_ms() -> int:
+                return int(admin.execute("SELECT lease_ms FROM locks WHERE key = 'handed'").fetchone()[0])
+
+            # First the taker's renewal process runs and knows its store, so that it sends that renewal.
+            with SyncDistributedLock(taker, table="locks", key="warm-up", lease_duration=LEASE_S) as warm_up:
+                _renewal_pid(taker, renewal_processes)
+                wait_until(lambda: _renewals(warm_up) >= 1, 10, "a renewal of the warm-up lease")
+            with SyncDistributedLock(holder, table="locks", key="handed", lease_duration=30):
+                thread.start()
+                wait_until(lambda: admin.execute(f"SELECT count(*) FROM {line_table('locks')}").fetchone()[0] == 1,
+                           10, "the waiter's place in line")
+            thread.join(10)
+            assert not thread.is_alive() and lease.is_valid() and lease.metrics.write_requests == 1  # handed
+            assert lease_ms() == 1_500
+            wait_until(lambda: _renewals(lease) >= 1, 10, "the first renewal, from the renewal process")
+            assert lease_ms() == 30_000
+            lease.__exit__(None, None, None)
+    finally:
+        thread.join(10)
+        holder.close()
+        taker.close()
+
+
 # ---- 3. no renewal write lands after a release; none is sent after a loss or max_hold (MONITOR) ------
 class CommandLog:
     """Every command the Redis server runs, in its order: MONITOR on a connection of its own, read by
