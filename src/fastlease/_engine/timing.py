@@ -73,10 +73,10 @@ RENEWAL_WORKERS = 2
 #: keeps renewing while this process's GIL is held; its first renewal, lease/3 after the acquisition,
 #: comes well after the registration reaches it (within one pulse, 100 ms). Shorter leases renew here.
 DELEGATE_MIN_LEASE_MS = 1000
-#: The PX a release hands a lease over with, to the head of its line (``WaiterLine.hands_over``), where
-#: the lease is longer: a waiter that died in line holds the key this long at most, as long as its place
-#: would have lasted (the store's 1.5 s). Its validity counts from the stamp before the read that left its
-#: offer, over this span, until its first renewal sets the whole lease.
+#: The PX a release hands a lease over with, to the head of its line (``WaiterLine.hands_over``; on
+#: PostgreSQL the row's lease_ms), where the lease is longer: a waiter that died in line holds the key this
+#: long at most, as long as its place would have lasted (the store's 1.5 s). Its validity counts from the
+#: stamp before the read that left its offer, over this span, until its first renewal sets the whole lease.
 HANDED_LEASE_MS = 1500
 #: That first renewal is due this long after the stamp, not at once: a hold shorter than this (the usual
 #: case where keys are handed over) writes nothing more, and a renewal that fails fast still has its retry

@@ -169,8 +169,9 @@ LINE_ALIVE_MS = 1500
 
 
 #: A waiter's offer to take a lease over on its release, where the store ``hands_over``: the owner and
-#: version the lease is to be written in, its lease_ms, and the PX of the write (at most lease_ms), which
-#: the taker's first renewal sets to the full lease.
+#: version the lease is to be written in, its lease_ms, and the PX of the write (at most lease_ms; on
+#: PostgreSQL, whose rows do not expire, the row's lease_ms), which the taker's first renewal sets to the
+#: full lease.
 Offer = tuple[str, str, int, int]
 
 
@@ -188,8 +189,8 @@ class WaiterLine(Protocol):
     #: may live on another node).
     shared_lines: bool
     #: Whether a release hands the lease over to the head of the line, where that waiter's last read left
-    #: an ``offer`` (Redis): the waiter is told the version and fencing token on the feed, or sees its own
-    #: owner in the row at its next read, and holds the lease without a write of its own.
+    #: an ``offer`` (Redis, PostgreSQL): the waiter is told the version and fencing token on the feed, or
+    #: sees its own owner in the row at its next read, and holds the lease without a write of its own.
     hands_over: bool
 
     def read_in_line(
