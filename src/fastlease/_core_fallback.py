@@ -24,6 +24,12 @@ def new_token() -> str:
     return str(uuid.uuid4())
 
 
+#: A registration's numbers (``Pulse.register``; the native core packs the same in C): lease_ms, fence (-1:
+#: none), the acquisition's monotonic and wall stamps, max_hold's end (0: none), when its first renewal is
+#: due (monotonic), the store id. Table, key, owner and version follow, each a u16 length and UTF-8.
+REGISTRATION_NUMBERS = struct.Struct("=7q")
+
+
 class Pulse:
     """The renewal pulse on a Python thread (``_core.Pulse`` is native): the same frames, but it
     needs the GIL, so it stops, and renewal with it, while another thread holds the GIL."""
@@ -54,8 +60,8 @@ class Pulse:
     def register(self, lease: object, table: str, key: str, owner: str, version: str, lease_ms: int,
                  fence: "Optional[int]", mono_ns: int, wall_ns: int, hold_until_ns: int, renew_at_ns: int,
                  store_id: int) -> int:
-        payload = struct.pack("=7q", lease_ms, -1 if fence is None else fence, mono_ns, wall_ns, hold_until_ns,
-                              renew_at_ns, store_id)
+        payload = REGISTRATION_NUMBERS.pack(lease_ms, -1 if fence is None else fence, mono_ns, wall_ns,
+                                            hold_until_ns, renew_at_ns, store_id)
         for text in (table, key, owner, version):
             data = text.encode()
             payload += struct.pack("=H", len(data)) + data

@@ -31,6 +31,7 @@ import time
 import types
 
 from . import _impl
+from ._core_fallback import REGISTRATION_NUMBERS  # (what _core.Pulse.register writes)
 from ._renewal_link import (
     CREDENTIALS,
     DROP,
@@ -58,10 +59,6 @@ _log = logging.getLogger("fastlease.renewal")
 _PIPE_HEAD = struct.Struct("=IQ")
 #: A monotonic time before any this process can see: a date that proves nothing.
 NEVER_NS = -(1 << 62)
-# A registration (``_core.Pulse.register``): lease_ms, fence (-1: none), the acquisition's monotonic and
-# wall stamps, max_hold's end (0: none), when its first renewal is due (monotonic), the store id; then
-# table, key, owner and version.
-_NUMBERS = struct.Struct("=7q")
 _TEXT_LENGTH = struct.Struct("=H")
 
 
@@ -224,12 +221,13 @@ class RenewalProcess:
 
     # ---- requests from the holder ----------------------------------------------------------------
     def _adopt(self, link_id: int, payload: bytes) -> None:
-        lease_ms, fence, mono_ns, wall_ns, hold_until_ns, renew_at_ns, store_id = _NUMBERS.unpack_from(payload)
+        numbers = REGISTRATION_NUMBERS.unpack_from(payload)
+        lease_ms, fence, mono_ns, wall_ns, hold_until_ns, renew_at_ns, store_id = numbers
         store = self._stores.get(store_id)
         if store is None:
             self._parked.setdefault(store_id, []).append((link_id, payload))
             return
-        at, texts = _NUMBERS.size, []
+        at, texts = REGISTRATION_NUMBERS.size, []
         for _ in range(4):  # table, key, owner, version: u16 length + UTF-8
             (size,) = _TEXT_LENGTH.unpack_from(payload, at)
             texts.append(payload[at + 2:at + 2 + size].decode())

@@ -29,6 +29,7 @@ from fastlease.stores.postgres.feed import release_channel
 from fastlease.stores.postgres.sql import line_table
 from fastlease.testing import NO_USAGE, FakeClock
 from helpers.lock_waiter import Waiter
+from helpers.still_clock import StillClock
 from helpers.waiting import wait_until
 
 T = 2.0  # timeout of a direct store request
@@ -284,13 +285,6 @@ def test_a_waiter_that_takes_over_leaves_the_line(make_client, admin):
     assert waiter.token == 3 and after.store.release_feed.delivered == 1  # woken by the release: its turn
     with pytest.raises(LockLost):
         guard.__exit__(None, None, None)
-
-
-class StillClock(FakeClock):
-    """A FakeClock that waiting does not move (a wait is a short real one): its time is the test's alone."""
-
-    def wait(self, event: threading.Event, timeout_s: float) -> bool:
-        return event.wait(min(timeout_s, 0.05))
 
 
 class SleepLog(FakeClock):

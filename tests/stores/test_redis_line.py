@@ -20,6 +20,7 @@ from fastlease.stores.redis.cluster import ClusterLayout
 from fastlease.stores.redis.scripts import ALIVE_MS, NodeLayout
 from fastlease.testing import NO_USAGE, FakeClock
 from helpers.lock_waiter import Waiter
+from helpers.still_clock import StillClock
 from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.server
@@ -293,13 +294,6 @@ def test_a_waiter_that_leaves_deletes_a_lease_handed_over_to_it_meanwhile_and_wa
         assert store.read("locks", "k", T, NO_USAGE).owner == "o2"
     finally:
         feed.unwatch(watch)
-
-
-class StillClock(FakeClock):
-    """A FakeClock that waiting does not move (a wait is a short real one): its time is the test's alone."""
-
-    def wait(self, event: threading.Event, timeout_s: float) -> bool:
-        return event.wait(min(timeout_s, 0.05))
 
 
 def test_a_lease_handed_over_is_held_without_a_write_valid_from_before_the_read_that_offered(where):

@@ -110,7 +110,7 @@ cdef class HeldLease(Renewable):
     cdef int64_t _write_renewal(self, str owner, str version, int64_t deadline_ns, int64_t retry_ns) except? -1
     @cython.locals(lapsed=bint)
     cdef int64_t _confirm_renewal(self, object old_version, str new_version, int64_t mono_ns, int64_t wall_ns) except? -1
-    cdef _hand_back(self, int64_t mono_ns, int64_t wall_ns)
+    cdef _hand_back(self, int64_t mono_ns, int64_t wall_ns, int64_t renew_at_ns)
     cdef void _count_delegated_requests(self, tuple counters)
     @cython.locals(link_id=int64_t)
     cpdef _end_delegation(self, bint wait=*)

@@ -474,21 +474,21 @@ class HeldLease(Renewable):
         if applied:
             next_ns = self._confirm_renewal(version, new_version, mono_ns, wall_ns)
             if next_ns and self._link is not None and self.lease_ms >= DELEGATE_MIN_LEASE_MS:
-                self._hand_back(mono_ns, wall_ns)
+                self._hand_back(mono_ns, wall_ns, next_ns)
             return next_ns
         self._renew_conditional_failures += 1
         self._mark_lost("stolen")
         return 0
 
-    def _hand_back(self, mono_ns: int, wall_ns: int) -> None:
+    def _hand_back(self, mono_ns: int, wall_ns: int, renew_at_ns: int) -> None:
         """Right after a renewal confirmed here, on the renewal thread (so no renewal of this lease is in
         flight in this process): if a renewal process is ready again (the last one died, or none could
-        start at the acquisition), register the lease with it, with this renewal's version and stamps;
-        it renews from there, and this thread only watches again."""
+        start at the acquisition), register the lease with it, with this renewal's version and stamps and
+        the next renewal's due time; it renews from there, and this thread only watches again."""
         link = self._link
         if not link.takes_back():
             return
-        link_id = link.register(self, mono_ns, wall_ns, self._hold_until_ns, mono_ns + renew_interval_ns(self.lease_ms))
+        link_id = link.register(self, mono_ns, wall_ns, self._hold_until_ns, renew_at_ns)
         if not link_id:
             return
         with self._mutex:

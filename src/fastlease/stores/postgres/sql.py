@@ -118,11 +118,10 @@ LINE_TABLE_SCHEMA = """CREATE TABLE IF NOT EXISTS {line} (
 #: lease_ms, if the offer was made (``offered_at``, the server's clock) no longer than a third of that ago.
 #: A line table made by an earlier version gains these columns when create_lock_table runs again; until
 #: then the store uses the statements without offers (``..._WITHOUT_OFFERS``) on it.
-OFFER_COLUMNS = {("offer_owner", "text"), ("offer_version", "text"), ("offer_px_ms", "bigint"),
-                 ("offered_at", "timestamp with time zone")}
-LINE_OFFER_COLUMNS = """ALTER TABLE {line} ADD COLUMN IF NOT EXISTS offer_owner text,
-    ADD COLUMN IF NOT EXISTS offer_version text, ADD COLUMN IF NOT EXISTS offer_px_ms bigint,
-    ADD COLUMN IF NOT EXISTS offered_at timestamptz"""
+OFFER_COLUMNS = (("offer_owner", "text"), ("offer_version", "text"), ("offer_px_ms", "bigint"),
+                 ("offered_at", "timestamp with time zone"))  # (as the catalog names them: see COLUMNS)
+LINE_OFFER_COLUMNS = "ALTER TABLE {line} " + ", ".join(f"ADD COLUMN IF NOT EXISTS {name} {kind}"
+                                                       for name, kind in OFFER_COLUMNS)
 #: What an operator listing the tables reads about a line's (its name says nothing of its lock table's).
 LINE_TABLE_COMMENT = """COMMENT ON TABLE {line} IS 'fastlease: the line of waiters of lock table {name}'"""
 #: A waiter's read: waiter $2 takes a place at the end of the line of key $5 (key $1's own, or its

@@ -434,8 +434,10 @@ class PostgresStore:
             line = line_table(table)
             self._create(table, LINE_TABLE_SCHEMA.format(line=line), timeout_s)
             self._create(table, LINE_TABLE_COMMENT.format(line=line, name=name), timeout_s)
-            if not OFFER_COLUMNS <= set(self.columns(line.strip('"'), timeout_s)):  # a line made by an earlier version
-                self._create(table, LINE_OFFER_COLUMNS.format(line=line), timeout_s)  # (no lock taken when not needed)
+            # A line made by an earlier version gains the offers' columns; an up-to-date one is not altered
+            # (ALTER TABLE locks the table out even when it adds nothing).
+            if not set(OFFER_COLUMNS) <= set(self.columns(line.strip('"'), timeout_s)):
+                self._create(table, LINE_OFFER_COLUMNS.format(line=line), timeout_s)
             self._lineless.discard(table)
             self._offerless.discard(table)
         if records:
