@@ -97,7 +97,7 @@ def run_worker(library: str, client: Any, seconds: float, start_at: float) -> di
         def guard() -> Any:
             return PydynoxLock(client, table=TABLE, key="hot", lease_duration=30, wait_timeout=5)
 
-    holds, waits, reads, waited_ms = [], [], 0, 0.0
+    holds, waits, reads, writes, waited_ms = [], [], 0, 0, 0.0
     while time.monotonic() < start_at:
         time.sleep(0.001)
     deadline = start_at + seconds
@@ -115,13 +115,14 @@ def run_worker(library: str, client: Any, seconds: float, start_at: float) -> di
             metrics = getattr(lock, "metrics", None)
             if metrics is not None:
                 reads += metrics.read_requests
+                writes += metrics.write_requests
                 waited_ms += metrics.wait_ms
         holds.append((acquired, released))
         waits.append(acquired - tried)
     if library in REDIS_PEERS or library in SEMAPHORE_PEERS or library == ADVISORY:
         return {"holds": holds, "waits": waits, "reads": None, "waited_ms": 0.0}
     feed = getattr(getattr(client, "store", None), "release_feed", None)  # (the release messages it read)
-    return {"holds": holds, "waits": waits, "reads": reads, "waited_ms": waited_ms,
+    return {"holds": holds, "waits": waits, "reads": reads, "writes": writes, "waited_ms": waited_ms,
             "messages": None if feed is None else feed.received}
 
 
@@ -209,6 +210,9 @@ def summarise(name: str, results: list[dict[str, Any]]) -> None:
     if messages and all(count is not None for count in messages) and sum(messages):  # (none when polling only)
         per_acquisition = sum(messages) / max(total, 1)
         print(f"  (release messages read by all the workers' feeds: {per_acquisition:.2f} per acquisition)")
+    if total and all(result.get("writes") is not None for result in results):  # (fastlease's rows)
+        writes = sum(result["writes"] for result in results) / total
+        print(f"  (writes per acquisition, its release's included: {writes:.2f})")
 
 
 def threads_on_memory(library: str, seconds: float, workers: int = WORKERS) -> list[dict[str, Any]]:

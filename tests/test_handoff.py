@@ -102,6 +102,23 @@ def test_turn_taking_needs_present_evidence_that_others_wait(core):
     assert not signals.should_yield(key, 6_000 * ms)
 
 
+def test_a_client_looks_first_once_after_a_release_that_handed_the_key_over_and_only_within_the_window(core):
+    signals = core.ReleaseSignals()
+    key, other = ("locks", "k"), ("locks", "other")
+    ms, window = 1_000_000, core.LOOK_FIRST_AFTER_HANDOVER_MS
+    assert not signals.look_first(key, 0)  # nothing handed over
+    signals.handed_over(key, 1_000 * ms)
+    assert not signals.look_first(other, 1_000 * ms)
+    assert signals.look_first(key, (1_000 + window) * ms - 1)
+    assert not signals.look_first(key, 1_000 * ms)  # taken by that acquisition: once only
+    signals.handed_over(key, 2_000 * ms)
+    assert not signals.look_first(key, (2_000 + window) * ms)  # came back too late: the key may well be free
+    for n in range(core.OBSERVATION_CACHE_SIZE + 1):  # bounded: the oldest goes first
+        signals.handed_over(("locks", str(n)), 3_000 * ms)
+    assert not signals.look_first(("locks", "0"), 3_000 * ms)
+    assert signals.look_first(("locks", str(core.OBSERVATION_CACHE_SIZE)), 3_000 * ms)
+
+
 def test_an_acquisition_that_should_yield_waits_a_poll_first(make_client, clock):
     client = make_client(clock=clock)
     client.engine.signals.released(("locks", "k"), True, clock.monotonic_ns())

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fastlease import SyncDistributedLock
+from helpers.waiting import wait_until
 
 JOIN_SLACK_S = 20.0  # how much longer than its wait a waiter may take to finish
 
@@ -43,3 +44,41 @@ class Waiter:
         assert not self.thread.is_alive(), "waiter still waiting"
         if self.error is not None:
             raise self.error
+
+
+def hand_over_between(first: Any, second: Any, line: Callable[[], list[Any]], key: str = "k",
+                      bound_s: float = 10.0) -> SyncDistributedLock:
+    """``first`` holds ``key`` (of "locks") while ``second`` waits for it in line (``line()``: the line's
+    places, on a store that keeps one), then releases it, which hands the lease over to ``second``: its
+    guard, held, is returned. Fails if the release did not hand it over (the guard then wrote)."""
+    held = SyncDistributedLock(first, table="locks", key=key, lease_duration=30)
+    held.__enter__()
+    taker = SyncDistributedLock(second, table="locks", key=key, lease_duration=30, wait_timeout=bound_s)
+    thread = threading.Thread(target=taker.__enter__, daemon=True)
+    thread.start()
+    wait_until(lambda: line() != [], bound_s, "the second client's place in line")
+    held.__exit__(None, None, None)
+    thread.join(bound_s)
+    assert not thread.is_alive() and taker.is_valid(), "the second client never got the lease"
+    assert taker.metrics.write_requests == 1, "the lease was not handed over: its waiter wrote"  # (its first put)
+    return taker
+
+
+def come_back_after_a_handover(first: Any, second: Any, line: Callable[[], list[Any]], key: str = "k",
+                               bound_s: float = 10.0) -> None:
+    """``first`` hands ``key`` over to ``second`` (``hand_over_between``) and comes back for it at once: its
+    acquisition's first step is a read in line, not a put that would fail (the key is ``second``'s), and it
+    is handed the key back on ``second``'s release without a write. Once only: after a release that hands
+    nothing over, a put comes first again."""
+    handed = hand_over_between(first, second, line, key, bound_s)
+    back = SyncDistributedLock(first, table="locks", key=key, lease_duration=30, wait_timeout=bound_s)
+    thread = threading.Thread(target=back.__enter__, daemon=True)
+    thread.start()
+    wait_until(lambda: line() != [], bound_s, "the returning client's place in line")
+    handed.__exit__(None, None, None)  # hands the key back to it, in turn
+    thread.join(bound_s)
+    assert not thread.is_alive() and back.is_valid()
+    assert back.metrics.write_requests == 0  # its reads in line, then the lease handed back (before: a put first)
+    back.__exit__(None, None, None)  # nobody waits: freed, handed to nobody
+    with SyncDistributedLock(first, table="locks", key=key, lease_duration=30) as again:
+        assert (again.metrics.read_requests, again.metrics.write_requests) == (0, 1)

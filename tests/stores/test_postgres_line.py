@@ -24,11 +24,11 @@ import pytest
 
 from fastlease import PostgresClient, SyncDistributedLock
 from fastlease.exceptions import LockLost, LockNotAcquired, StoreRequestRejected
-from fastlease.stores.base import DELETED, LINE_ALIVE_MS
+from fastlease.stores.base import DELETED, HANDED_OVER, LINE_ALIVE_MS
 from fastlease.stores.postgres.feed import release_channel
 from fastlease.stores.postgres.sql import line_table
 from fastlease.testing import NO_USAGE, FakeClock
-from helpers.lock_waiter import Waiter
+from helpers.lock_waiter import Waiter, come_back_after_a_handover, hand_over_between
 from helpers.still_clock import StillClock
 from helpers.waiting import wait_until
 
@@ -366,7 +366,7 @@ def test_a_release_hands_the_lease_over_to_the_head_s_fresh_offer_in_its_own_sta
     with turns_heard(store, postgres_db) as (listener, turns):
         held_with_w_a_first(store)
         store.read_in_line("locks", "k", "w-b", T, NO_USAGE, None, ("o-b", "v-b", 30_000, 1_500))
-        assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == DELETED
+        assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == HANDED_OVER
         assert notifications(listener, 1) == [(turns, "w-a =v-a 2")]  # its id, the version and the fence
         row = store.read("locks", "k", T, NO_USAGE)
         assert (row.owner, row.version, row.lease_ms, row.fence) == ("o-a", "v-a", 1_500, 2)
@@ -385,7 +385,7 @@ def test_a_release_hands_the_lease_over_to_the_head_s_fresh_offer_in_its_own_sta
                       " offer_px_ms, offered_at) VALUES ('k', 'w-a', %s, clock_timestamp() - interval '1 hour',"
                       " clock_timestamp() + interval '1 minute', 'o-a', 'v-a4', 1500, clock_timestamp())", (turns,))
         store.read_in_line("locks", "k", "w-b", T, NO_USAGE, None, ("o-b", "v-b", 30_000, 1_500))
-        assert store.delete_if_owner("locks", "k", "o-a", T, NO_USAGE) == DELETED
+        assert store.delete_if_owner("locks", "k", "o-a", T, NO_USAGE) == HANDED_OVER
         assert notifications(listener, 1) == [(turns, "w-b =v-b 3")]
         assert store.read("locks", "k", T, NO_USAGE).owner == "o-b" and line(admin) == []
 
@@ -413,7 +413,7 @@ def test_a_waiter_that_leaves_frees_a_lease_handed_over_to_it_meanwhile_and_anno
     with turns_heard(store, postgres_db) as (listener, turns):
         held_with_w_a_first(store)
         store.read_in_line("locks", "k", "w-b", T, NO_USAGE)
-        assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == DELETED  # handed over to w-a
+        assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == HANDED_OVER  # handed over to w-a
         assert notifications(listener, 1) == [(turns, "w-a =v-a 2")]
         store.leave_line("locks", "k", "w-b", T, None, "o-b")  # nothing handed over to it: nothing freed
         assert store.read("locks", "k", T, NO_USAGE).owner == "o-a"
@@ -448,6 +448,19 @@ def test_a_lease_handed_over_is_held_without_a_write_and_renewed_250_ms_after_it
     assert lease._lease.valid_until_ns() - stamp_ns == 250_000_000 + 27_000_000_000
     assert holder.store.read("locks", "k", T, NO_USAGE).lease_ms == 30_000
     lease.__exit__(None, None, None)
+
+
+def test_a_client_that_handed_the_key_over_reads_before_it_writes_when_it_comes_back(make_client, admin):
+    first, second = make_client("fl-first", tables=LOCKS), make_client("fl-second")
+    come_back_after_a_handover(first, second, lambda: line(admin))
+
+
+def test_a_client_that_handed_the_key_over_to_a_holder_that_has_gone_reads_then_puts(make_client, admin):
+    first, second = make_client("fl-first", tables=LOCKS), make_client("fl-second")
+    hand_over_between(first, second, lambda: line(admin)).__exit__(None, None, None)
+    back = hold(first, "k")  # its read finds the key free, and the turn its own: then its put
+    assert (back.metrics.read_requests, back.metrics.write_requests) == (1, 1) and back.is_valid()
+    back.__exit__(None, None, None)
 
 
 def test_a_lease_handed_over_to_a_waiter_that_died_in_line_is_taken_over_after_the_handover_s_span(make_client,

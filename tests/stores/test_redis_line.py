@@ -15,11 +15,11 @@ from fastlease import SyncDistributedLock
 from fastlease.exceptions import LockLost, LockNotAcquired
 from fastlease.redis import RedisClient
 from fastlease.stores._release_feed import ListenerFeed, WatchedChannel
-from fastlease.stores.base import Record
+from fastlease.stores.base import HANDED_OVER, Record
 from fastlease.stores.redis.cluster import ClusterLayout
 from fastlease.stores.redis.scripts import ALIVE_MS, NodeLayout
 from fastlease.testing import NO_USAGE, FakeClock
-from helpers.lock_waiter import Waiter
+from helpers.lock_waiter import Waiter, come_back_after_a_handover, hand_over_between
 from helpers.still_clock import StillClock
 from helpers.waiting import wait_until
 
@@ -250,7 +250,7 @@ def test_a_release_hands_the_lease_over_to_the_head_of_the_line_in_the_owner_its
     store.read_in_line("locks", "k", "w-b", T, NO_USAGE)  # behind it, without an offer
     said, told, watch = turns_of(feed, "w-a")
     try:
-        assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == 1
+        assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == HANDED_OVER
         row = store.read("locks", "k", T, NO_USAGE)
         assert (row.owner, row.version, row.lease_ms, row.fence) == ("o-a", "v-a", 30_000, 2)
         # The PX of the handover, not the lease's own: a waiter that died in line holds the key 1.5 s at most.
@@ -282,7 +282,7 @@ def test_an_offer_older_than_a_third_of_its_px_is_not_taken_and_the_waiter_is_wo
 def test_a_waiter_that_leaves_deletes_a_lease_handed_over_to_it_meanwhile_and_wakes_the_next(where):
     client, store, feed = held_with_an_offer(where, OFFER)
     store.read_in_line("locks", "k", "w-b", T, NO_USAGE)
-    assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == 1  # handed over to w-a, which has gone
+    assert store.delete_if_owner("locks", "k", "o1", T, NO_USAGE) == HANDED_OVER  # handed over to w-a, which has gone
     said, told, watch = turns_of(feed, "w-b")
     try:
         store.leave_line("locks", "k", "w-a", T, None, "o-a")
@@ -323,6 +323,19 @@ def test_a_lease_handed_over_is_held_without_a_write_valid_from_before_the_read_
     assert lease.metrics.write_requests == 2
     assert where.raw(holder, "k", b"PTTL", where.layout.lease("locks", "k")) > 1_500
     lease.__exit__(None, None, None)
+
+
+def test_a_client_that_handed_the_key_over_reads_before_it_writes_when_it_comes_back(where):
+    first, second = where.client(), where.client()
+    come_back_after_a_handover(first, second, lambda: where.line(first, "k"))
+
+
+def test_a_client_that_handed_the_key_over_to_a_holder_that_has_gone_reads_then_puts(where):
+    first, second = where.client(), where.client()
+    hand_over_between(first, second, lambda: where.line(first, "k")).__exit__(None, None, None)
+    back = hold(first, "k")  # its read finds the key free, and the turn its own: then its put
+    assert (back.metrics.read_requests, back.metrics.write_requests) == (1, 1) and back.is_valid()
+    back.__exit__(None, None, None)
 
 
 # ---- leases that wait --------------------------------------------------------------------------------

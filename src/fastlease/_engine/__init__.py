@@ -39,6 +39,7 @@ from .scheduler import Renewable, RenewalScheduler
 from .slots import MAX_LIMIT, SLOT_SEPARATOR, SlotLease, check_limit, slot_keys
 from .timing import (
     DELEGATE_MIN_LEASE_MS,
+    LOOK_FIRST_AFTER_HANDOVER_MS,
     MAX_DURATION_MS,
     MAX_KEY_BYTES,
     MIN_LEASE_MS,
@@ -70,7 +71,8 @@ def _implementation() -> str:
 IMPLEMENTATION = _implementation()
 
 __all__ = [
-    "DELEGATE_MIN_LEASE_MS", "MAX_DURATION_MS", "MAX_KEY_BYTES", "MIN_LEASE_MS", "OBSERVATION_CACHE_SIZE",
+    "DELEGATE_MIN_LEASE_MS", "LOOK_FIRST_AFTER_HANDOVER_MS", "MAX_DURATION_MS", "MAX_KEY_BYTES", "MIN_LEASE_MS",
+    "OBSERVATION_CACHE_SIZE",
     "POLL_INTERVAL_MS", "PROTOCOL_V1", "RENEWAL_WORKERS", "STATE_NAMES", "SYSTEM_CLOCK", "WAITING_MARK_AFTER_MS",
     "YIELD_WINDOW_MS", "IMPLEMENTATION", "MODULES", "CallKey", "Clock", "Engine", "HeldLease", "KeyTemplate",
     "Lease", "ObservationCache", "Observer", "ReleaseSignals", "Renewable", "RenewalScheduler", "SystemClock",

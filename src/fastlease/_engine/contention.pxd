@@ -30,9 +30,12 @@ cdef class ReleaseSignals:
     cdef dict _queues
     cdef Mutex _mutex
     cdef dict _contended
+    cdef dict _handed
 
     cpdef wait(self, object clock, tuple cache_key, object ticket, double timeout_s, object reader=*)
     cpdef leave(self, tuple cache_key, object ticket, bint acquired)
     cpdef notify(self, tuple cache_key)
     cpdef released(self, tuple cache_key, bint others_waiting, int64_t now_ns)
+    cpdef handed_over(self, tuple cache_key, int64_t now_ns)
+    cpdef bint look_first(self, tuple cache_key, int64_t now_ns) except -1
     cpdef bint should_yield(self, tuple cache_key, int64_t now_ns) except -1

@@ -4,8 +4,8 @@ takeover rule's observation cache), and its own waiters and releases (handoff in
 
 from __future__ import annotations
 
+from .timing import LOOK_FIRST_AFTER_HANDOVER_MS, OBSERVATION_CACHE_SIZE, YIELD_WINDOW_MS, new_mutex
 from .timing import NS_PER_MS as _NS_PER_MS
-from .timing import OBSERVATION_CACHE_SIZE, YIELD_WINDOW_MS, new_mutex
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:  # annotations only
@@ -78,6 +78,9 @@ class ReleaseSignals:
       contention would let every former holder yield at once and leave the key idle. (Measured, a
       winner that yields merely because its own wait was long does worse: the key idles while
       former holders sit out their courtesy waits, and whoever returns first takes a long run.)
+    * Where a release handed the key over to the head of the store's line, a new acquisition of it by
+      this client within ``LOOK_FIRST_AFTER_HANDOVER_MS`` reads (in line) before it writes
+      (``look_first``): the key is that waiter's, so a put would only fail.
     """
 
     def __init__(self) -> None:
@@ -87,6 +90,9 @@ class ReleaseSignals:
         # cache_key -> this client's last release of a key that others wait for. Bounded; empty on
         # the uncontended path.
         self._contended: dict[tuple[str, str], int] = {}
+        # cache_key -> this client's last release that handed the key over (HANDED_OVER). Bounded alike;
+        # an entry is taken by the next acquisition of the key.
+        self._handed: dict[tuple[str, str], int] = {}
 
     def wait(self, clock: Clock, cache_key: tuple[str, str], ticket: threading.Event, timeout_s: float,
              reader: Optional[Callable[[threading.Event, float], bool]] = None) -> None:
@@ -135,6 +141,23 @@ class ReleaseSignals:
                         del self._contended[next(iter(self._contended))]
                     self._contended[cache_key] = now_ns
         self.notify(cache_key)
+
+    def handed_over(self, cache_key: tuple[str, str], now_ns: int) -> None:
+        """This client's release of ``cache_key`` handed it over to the head of the store's line."""
+        with self._mutex:
+            self._handed.pop(cache_key, None)
+            if len(self._handed) >= OBSERVATION_CACHE_SIZE:
+                del self._handed[next(iter(self._handed))]
+            self._handed[cache_key] = now_ns
+
+    def look_first(self, cache_key: tuple[str, str], now_ns: int) -> bool:
+        """Should a new acquisition of ``cache_key`` read before it writes? True once, within
+        ``LOOK_FIRST_AFTER_HANDOVER_MS`` of this client's release that handed the key over."""
+        if not self._handed:  # the usual path skips the mutex
+            return False
+        with self._mutex:
+            handed_ns = self._handed.pop(cache_key, None)
+        return handed_ns is not None and now_ns - handed_ns < LOOK_FIRST_AFTER_HANDOVER_MS * _NS_PER_MS
 
     def should_yield(self, cache_key: tuple[str, str], now_ns: int) -> bool:
         """Should a new acquisition of ``cache_key`` let other contenders go first?"""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from .._logging import get_logger
 from .._typing import cast
 from ..exceptions import LockLost, LockNotAcquired, LockReleaseError, StoreError
-from ..stores.base import DELETED_WITH_WAITERS, NOT_DELETED
+from ..stores.base import DELETED_WITH_WAITERS, HANDED_OVER, NOT_DELETED
 from .engine import check_not_forked
 from .held import ACQUIRING, FAILED, HELD, LOST, NEW, RELEASED, RELEASING, STATE_NAMES
 from .keys import check_holder_kind, check_row
@@ -66,11 +66,8 @@ class Lease(WaitingLease):
         reached = False  # some attempt got an answer from the store
         signals = self._signals
         acquired = False
-        # (A semaphore's waiters stand in the semaphore key's line, where the store can name it beside a slot's.)
-        if self.wait_ms and self._line is not None and (not self._kind or self._line_key is not None):
-            self._waiter = new_token()  # our place in the store's line for the key, if we have to wait
-            if self._line_key is None and self._line.hands_over:  # (a lock's waiter: it offers to take the lease)
-                self._offer_owner = self.owner_prefix + new_token()
+        if self.wait_ms and self._line is not None:
+            self._prepare_a_place(signals, start_ns)
         try:
             # The store's line takes turns on its own; without one, a returning releaser lets others go first.
             if self.wait_ms and self._waiter is None and signals.should_yield(self._signal_key, start_ns):
@@ -565,12 +562,14 @@ class Lease(WaitingLease):
                     else:  # a slot's release wakes the head of the semaphore's line
                         deletion = self._store.free_in_line(self.table, self.key, owner, self._line_key, timeout_s,
                                                             self)
-                    if type(deletion) is not int or not NOT_DELETED <= deletion <= DELETED_WITH_WAITERS:
-                        raise TypeError(f"{type(self._store).__name__} answered a release with {deletion!r:.80}; "
-                                        "a LockStore returns NOT_DELETED, DELETED or DELETED_WITH_WAITERS")
+                    if type(deletion) is not int or not NOT_DELETED <= deletion <= HANDED_OVER:
+                        raise TypeError(f"{type(self._store).__name__} answered a release with {deletion!r:.80}; a "
+                                        "LockStore returns NOT_DELETED, DELETED, DELETED_WITH_WAITERS or HANDED_OVER")
                     applied = deletion != NOT_DELETED
                     if deletion == DELETED_WITH_WAITERS:
                         self._others_waiting = True
+                    elif deletion == HANDED_OVER:
+                        self._signals.handed_over(self._signal_key, now_ns)
                 else:
                     self.raise_if_lost()  # never write on a lapsed lease: a successor may be running
                     self._writes += 1

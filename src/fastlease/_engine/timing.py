@@ -57,6 +57,11 @@ POLL_IN_LINE_MS = 3 * POLL_INTERVAL_MS
 #: After releasing a key that others are waiting for, a client gives them the next turn if it comes
 #: back for the same key within this window (see ReleaseSignals).
 YIELD_WINDOW_MS = 2 * POLL_INTERVAL_MS
+#: A client whose release handed a key over to the head of its line (``HANDED_OVER``) and that comes
+#: back for the key within this window looks before it writes: its first step is a read in line, not a
+#: put, since the key is held by that waiter (a put would fail, and cost a round trip: measured in
+#: docs/benchmarks.md). Past the window the key is as likely free, and a put comes first again.
+LOOK_FIRST_AFTER_HANDOVER_MS = POLL_INTERVAL_MS
 #: A contender that has waited this long marks the holder's row ``waiting`` (once per hold): the
 #: holder, wherever it runs, then yields the next turn on release.
 WAITING_MARK_AFTER_MS = 2 * POLL_INTERVAL_MS

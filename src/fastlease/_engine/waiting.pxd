@@ -21,6 +21,8 @@ cdef int64_t _LONGEST_POLL_NS
 # Not final: slots.SlotLease overrides _wait_turn and _wait_ran_out; every other C method is final.
 cdef class WaitingLease(HeldLease):
     cdef _wait_turn(self, ReleaseSignals signals, int64_t delay_ns, bint after_attempt)
+    @cython.final
+    cdef _prepare_a_place(self, ReleaseSignals signals, int64_t start_ns)
     @cython.locals(courtesy_ns=int64_t)
     @cython.final
     cdef _let_a_waiter_go_first(self, ReleaseSignals signals)

@@ -14,7 +14,15 @@ from ..exceptions import LockNotAcquired, StoreError
 from .engine import describe_store_error
 from .held import HeldLease
 from .timing import NS_PER_MS as _NS_PER_MS
-from .timing import POLL_IN_LINE_MS, POLL_INTERVAL_MS, SYSTEM_CLOCK, jitter, request_timeout_ns, seconds_text
+from .timing import (
+    POLL_IN_LINE_MS,
+    POLL_INTERVAL_MS,
+    SYSTEM_CLOCK,
+    jitter,
+    new_token,
+    request_timeout_ns,
+    seconds_text,
+)
 
 TYPE_CHECKING = False  # typing is not imported at run time: see _typing.py
 if TYPE_CHECKING:  # annotations only
@@ -32,6 +40,18 @@ _LONGEST_POLL_NS = POLL_INTERVAL_MS * 3 // 2 * _NS_PER_MS
 
 class WaitingLease(HeldLease):
     """A lease's waiting between attempts (``lease.Lease`` makes the attempts)."""
+
+    def _prepare_a_place(self, signals: ReleaseSignals, start_ns: int) -> None:
+        """Our id in the store's line for the key, if we have to wait; a lock's waiter, where the store hands
+        leases over, also offers an owner to take the lease in. A semaphore's waiters stand in the semaphore
+        key's line, where the store can name it beside a slot's."""
+        if self._kind and self._line_key is None:
+            return
+        self._waiter = new_token()
+        if self._line_key is None and self._line.hands_over:
+            self._offer_owner = self.owner_prefix + new_token()
+            # Our release just handed the key over: its new holder has it, so look (in line) first.
+            self._row_seen = signals.look_first(self._signal_key, start_ns)
 
     def _let_a_waiter_go_first(self, signals: ReleaseSignals) -> None:
         """Others are waiting for this key (``ReleaseSignals.should_yield``): let one go first.

@@ -58,13 +58,16 @@ class LockRow(NamedTuple):
     fence: Optional[int] = None
 
 
-#: What ``delete_if_owner`` did, one int for the three outcomes. Nothing was deleted: the row was absent
+#: What ``delete_if_owner`` did, one int for the four outcomes. Nothing was deleted: the row was absent
 #: or another owner's.
 NOT_DELETED = 0
 #: The row was ours and is deleted (freed, on stores that keep the fence counter in it).
 DELETED = 1
 #: As DELETED, and the row carried the ``waiting`` hint: a contender asked for the next turn.
 DELETED_WITH_WAITERS = 2
+#: Ours, and handed over by the same atomic step to the head of the key's line (stores that
+#: ``hands_over``): the key is held again, by that waiter.
+HANDED_OVER = 3
 
 
 class UsageMeter(Protocol):
@@ -136,7 +139,8 @@ class LockStore(Protocol):
     ) -> int:
         """Delete the row only if its owner is ``owner``, whatever its version: ``NOT_DELETED`` if it was
         absent or another owner's, else ``DELETED``, or ``DELETED_WITH_WAITERS`` if the deleted row
-        carried the ``waiting`` hint (read in the same atomic step as the delete)."""
+        carried the ``waiting`` hint (read in the same atomic step as the delete), or ``HANDED_OVER`` where
+        that step handed the lease over to the head of the key's line instead (stores that ``hands_over``)."""
         ...
 
     def read(self, table: str, key: str, timeout_s: float, usage: UsageMeter) -> Optional[LockRow]:
@@ -191,6 +195,7 @@ class WaiterLine(Protocol):
     #: Whether a release hands the lease over to the head of the line, where that waiter's last read left
     #: an ``offer`` (Redis, PostgreSQL): the waiter is told the version and fencing token on the feed, or
     #: sees its own owner in the row at its next read, and holds the lease without a write of its own.
+    #: Such a release answers ``HANDED_OVER``.
     hands_over: bool
 
     def read_in_line(

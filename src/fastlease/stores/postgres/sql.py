@@ -219,7 +219,7 @@ PUT_IN_TURN_PASSING = PUT_IN_TURN.replace("\n)\nSELECT fence FROM put", PASS_TUR
 #: offer's span as its lease_ms and a new fence, the waiter leaves the line, and its id is followed by
 #: " =<version> <fence>". A place left by the releaser itself, as a waiter that was handed the lease (its
 #: read in line ran beside that handover, and kept a place the handover had just taken away), is
-#: deleted, never the head.
+#: deleted, never the head. A third column says whether the lease was handed over.
 FREE_IN_LINE = """WITH held AS (
     SELECT waiting FROM {name} WHERE key = $1 AND owner = $2 FOR UPDATE
 ), head AS (
@@ -241,7 +241,8 @@ FREE_IN_LINE = """WITH held AS (
 )
 SELECT freed.waiting, CASE WHEN head.waiter IS NULL THEN pg_notify($3, $1)
     WHEN freed.hands THEN pg_notify(head.channel, head.waiter || ' =' || head.offer_version || ' ' || freed.fence)
-    WHEN $4 = $1 THEN pg_notify(head.channel, head.waiter) ELSE pg_notify(head.channel, head.waiter || ' ' || $1) END
+    WHEN $4 = $1 THEN pg_notify(head.channel, head.waiter) ELSE pg_notify(head.channel, head.waiter || ' ' || $1) END,
+    freed.hands
 FROM freed LEFT JOIN head ON true"""
 #: The same, on a line table made by an earlier version: no handover.
 FREE_IN_LINE_WITHOUT_OFFERS = """WITH held AS (

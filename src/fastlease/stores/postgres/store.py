@@ -21,6 +21,7 @@ from ...exceptions import MalformedLockRow, StoreError, StoreRequestRejected
 from ..base import (
     DELETED,
     DELETED_WITH_WAITERS,
+    HANDED_OVER,
     LINE_ALIVE_MS,
     NOT_DELETED,
     LockRow,
@@ -271,8 +272,8 @@ class PostgresStore:
     ) -> int:
         """Release: free the row (the fence counter stays) only if ``owner`` holds it, its old ``waiting``
         hint read back by the same statement, which also announces the turn of the first live waiter in
-        the key's line (or, with nobody in line, the release to every waiter). ``DELETED`` or
-        ``DELETED_WITH_WAITERS``, else ``NOT_DELETED``."""
+        the key's line (or, with nobody in line, the release to every waiter), or hands the lease over to
+        it. ``DELETED``, ``DELETED_WITH_WAITERS`` or ``HANDED_OVER``, else ``NOT_DELETED``."""
         return self.free_in_line(table, key, owner, key, timeout_s, usage)
 
     def free_in_line(
@@ -288,6 +289,8 @@ class PostgresStore:
                                timeout_s, True, (FREE_IN_LINE_WITHOUT_OFFERS, parameters))
         if result.ntuples == 0:
             return NOT_DELETED
+        if result.nfields == 3 and result.get_value(0, 2) == b"t":  # (FREE_IN_LINE's third column)
+            return HANDED_OVER
         return DELETED_WITH_WAITERS if result.get_value(0, 0) == b"t" else DELETED
 
     # ---- the line of waiters (stores/base.py's WaiterLine) -------------------------------------------

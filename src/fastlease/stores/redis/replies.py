@@ -4,7 +4,7 @@ loaded when a client is made (an optional dependency)."""
 from __future__ import annotations
 
 from ...exceptions import MalformedLockRow
-from ..base import DELETED_WITH_WAITERS, NOT_DELETED, LockRow
+from ..base import HANDED_OVER, NOT_DELETED, LockRow
 
 # typing is not imported at run time: the renewal process imports this module (see _typing.py).
 TYPE_CHECKING = False
@@ -124,10 +124,10 @@ def fencing_token(reply: object, key: str) -> Optional[int]:
 
 
 def deletion(reply: object, key: str) -> int:
-    """The RELEASE script's reply, which is already the store's answer (``NOT_DELETED``, ``DELETED`` or
-    ``DELETED_WITH_WAITERS``); anything else means the script on the server is not ours."""
-    if type(reply) is not int or not NOT_DELETED <= reply <= DELETED_WITH_WAITERS:
-        raise MalformedLockRow(f"Redis RELEASE of {key!r} gave {reply!r:.100}, not 0, 1 or 2", key=key)
+    """The RELEASE script's reply, which is already the store's answer (``NOT_DELETED``, ``DELETED``,
+    ``DELETED_WITH_WAITERS`` or ``HANDED_OVER``); anything else means the script on the server is not ours."""
+    if type(reply) is not int or not NOT_DELETED <= reply <= HANDED_OVER:
+        raise MalformedLockRow(f"Redis RELEASE of {key!r} gave {reply!r:.100}, not 0, 1, 2 or 3", key=key)
     return reply
 
 

@@ -190,8 +190,9 @@ return 1
 #: (TURN_CHANNEL) of the line's channel (followed by a space and the key released, which the waiter then
 #: tries first, where the line is a semaphore's), or '1' on the key's channel when
 #: nobody waits in line (or the line is left out: each waiter's read then tells it whether the turn is its
-#: own). Returns the store's answer itself: 0 (NOT_DELETED) if absent or held by another, else 1 (DELETED),
-#: or 2 (DELETED_WITH_WAITERS) if the deleted lease carried the waiting mark.
+#: own). Returns the store's answer itself: 0 (NOT_DELETED) if absent or held by another, else 3
+#: (HANDED_OVER) if handed over, 2 (DELETED_WITH_WAITERS) if the deleted lease carried the waiting mark, or 1
+#: (DELETED).
 RELEASE = NEXT_IN_LINE + TURN_CHANNEL + HAND_OVER + """
 local seen = redis.call('HMGET', KEYS[1], 'owner', 'waiting')
 if seen[1] ~= ARGV[1] then return 0 end
@@ -199,12 +200,12 @@ redis.call('DEL', KEYS[1])
 local head = KEYS[2] and next_in_line(KEYS[2], KEYS[3])
 if head and ARGV[3] then
   redis.call('PUBLISH', turn_channel(ARGV[3], head), head .. ' ' .. ARGV[4])
-elseif not (head and KEYS[4] and hand_over(KEYS[1], KEYS[4], KEYS[2], KEYS[3], head, ARGV[2])) then
-  if head then
-    redis.call('PUBLISH', turn_channel(ARGV[2], head), head)
-  else
-    redis.call('PUBLISH', ARGV[2], '1')
-  end
+elseif head and KEYS[4] and hand_over(KEYS[1], KEYS[4], KEYS[2], KEYS[3], head, ARGV[2]) then
+  return 3
+elseif head then
+  redis.call('PUBLISH', turn_channel(ARGV[2], head), head)
+else
+  redis.call('PUBLISH', ARGV[2], '1')
 end
 if seen[2] == '1' then return 2 end
 return 1

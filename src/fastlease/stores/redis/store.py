@@ -372,10 +372,10 @@ class RedisStore:
     def delete_if_owner(
         self, table: str, key: str, owner: str, timeout_s: float, usage: UsageMeter
     ) -> int:
-        """The RELEASE script: delete the lease only if ``owner`` holds it, and publish the release (to the
-        next waiter in line, or to all). Its reply is the store's answer: ``NOT_DELETED``, ``DELETED`` or
-        ``DELETED_WITH_WAITERS``. On a slot being migrated (TRYAGAIN: nothing ran), the script again on the
-        lease key alone, which wakes every waiter."""
+        """The RELEASE script: delete the lease only if ``owner`` holds it, and publish the release (to the next
+        waiter in line, or to all) or hand it over to the line's head. Its reply is the store's answer:
+        ``NOT_DELETED``, ``DELETED``, ``DELETED_WITH_WAITERS`` or ``HANDED_OVER``. On a slot being migrated
+        (TRYAGAIN: nothing ran), the script again on the lease key alone, which wakes every waiter."""
         lease, fence, line, alive, channel = self.names(table, key)
         keys, args = (lease, line, alive, fence), (owner, channel)
         try:
