@@ -951,6 +951,7 @@ def test_three_clients_on_two_stores_share_one_renewal_process(tmp_path, redis_u
             client.close()
 
 
+@pytest.mark.c_extension  # its last step holds the GIL 2.5 s: the pure-Python pulse stops meanwhile
 def test_a_killed_renewal_process_is_replaced_and_takes_the_held_lease_back(tmp_path, caplog, renewal_processes):
     from fastlease import _renewal_link
 
