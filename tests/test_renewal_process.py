@@ -37,6 +37,7 @@ import pytest
 from chaos.proxy import FaultProxy
 from fastlease import LockLost, MemoryClient, SQLiteClient, SyncDistributedLock, _impl
 from fastlease.testing import FakeClock
+from helpers.lock_waiter import hand_over_between
 from helpers.waiting import wait_until
 
 # The safety rules hold on every Python that CI runs: make test runs these on 3.12 and 3.13 too.
@@ -420,8 +421,6 @@ def test_a_lease_handed_over_on_postgresql_gets_its_lease_ms_back_from_the_renew
 
     holder, taker = PostgresClient(postgres_db), PostgresClient(postgres_db)
     holder.create_lock_table("locks")
-    lease = SyncDistributedLock(taker, table="locks", key="handed", lease_duration=30, wait_timeout=30)
-    thread = threading.Thread(target=lease.__enter__, daemon=True)
     try:
         with psycopg.connect(postgres_db, autocommit=True) as admin:
             def lease_ms() -> int:
@@ -431,18 +430,13 @@ def test_a_lease_handed_over_on_postgresql_gets_its_lease_ms_back_from_the_renew
             with SyncDistributedLock(taker, table="locks", key="warm-up", lease_duration=LEASE_S) as warm_up:
                 _renewal_pid(taker, renewal_processes)
                 wait_until(lambda: _renewals(warm_up) >= 1, 10, "a renewal of the warm-up lease")
-            with SyncDistributedLock(holder, table="locks", key="handed", lease_duration=30):
-                thread.start()
-                wait_until(lambda: admin.execute(f"SELECT count(*) FROM {line_table('locks')}").fetchone()[0] == 1,
-                           10, "the waiter's place in line")
-            thread.join(10)
-            assert not thread.is_alive() and lease.is_valid() and lease.metrics.write_requests == 1  # handed
+            places = f"SELECT waiter FROM {line_table('locks')}"
+            lease = hand_over_between(holder, taker, lambda: admin.execute(places).fetchall(), "handed")
             assert lease_ms() == 1_500
             wait_until(lambda: _renewals(lease) >= 1, 10, "the first renewal, from the renewal process")
             assert lease_ms() == 30_000
             lease.__exit__(None, None, None)
     finally:
-        thread.join(10)
         holder.close()
         taker.close()
 

@@ -46,20 +46,28 @@ class Waiter:
             raise self.error
 
 
-def hand_over_between(first: Any, second: Any, line: Callable[[], list[Any]], key: str = "k",
-                      bound_s: float = 10.0) -> SyncDistributedLock:
-    """``first`` holds ``key`` (of "locks") while ``second`` waits for it in line (``line()``: the line's
-    places, on a store that keeps one), then releases it, which hands the lease over to ``second``: its
-    guard, held, is returned. Fails if the release did not hand it over (the guard then wrote)."""
-    held = SyncDistributedLock(first, table="locks", key=key, lease_duration=30)
-    held.__enter__()
-    taker = SyncDistributedLock(second, table="locks", key=key, lease_duration=30, wait_timeout=bound_s)
+def taken_on_release(held: SyncDistributedLock, client: Any, line: Callable[[], list[Any]], key: str = "k",
+                     bound_s: float = 10.0) -> SyncDistributedLock:
+    """A guard of ``client`` on ``key`` (of "locks") waits on a thread of its own until it has a place in the
+    line (``line()``: the line's places), then ``held`` is released: the new guard, holding, is returned."""
+    taker = SyncDistributedLock(client, table="locks", key=key, lease_duration=30, wait_timeout=bound_s)
     thread = threading.Thread(target=taker.__enter__, daemon=True)
     thread.start()
-    wait_until(lambda: line() != [], bound_s, "the second client's place in line")
+    wait_until(lambda: line() != [], bound_s, "the waiter's place in line")
     held.__exit__(None, None, None)
     thread.join(bound_s)
-    assert not thread.is_alive() and taker.is_valid(), "the second client never got the lease"
+    assert not thread.is_alive() and taker.is_valid(), "the waiter never got the lease"
+    return taker
+
+
+def hand_over_between(first: Any, second: Any, line: Callable[[], list[Any]], key: str = "k",
+                      bound_s: float = 10.0) -> SyncDistributedLock:
+    """``first`` holds ``key`` (of "locks") while ``second`` waits for it in line, then releases it, which
+    hands the lease over to ``second``: its guard, held, is returned. Fails if the release did not hand it
+    over (the guard then wrote)."""
+    held = SyncDistributedLock(first, table="locks", key=key, lease_duration=30)
+    held.__enter__()
+    taker = taken_on_release(held, second, line, key, bound_s)
     assert taker.metrics.write_requests == 1, "the lease was not handed over: its waiter wrote"  # (its first put)
     return taker
 
@@ -70,14 +78,7 @@ def come_back_after_a_handover(first: Any, second: Any, line: Callable[[], list[
     acquisition's first step is a read in line, not a put that would fail (the key is ``second``'s), and it
     is handed the key back on ``second``'s release without a write. Once only: after a release that hands
     nothing over, a put comes first again."""
-    handed = hand_over_between(first, second, line, key, bound_s)
-    back = SyncDistributedLock(first, table="locks", key=key, lease_duration=30, wait_timeout=bound_s)
-    thread = threading.Thread(target=back.__enter__, daemon=True)
-    thread.start()
-    wait_until(lambda: line() != [], bound_s, "the returning client's place in line")
-    handed.__exit__(None, None, None)  # hands the key back to it, in turn
-    thread.join(bound_s)
-    assert not thread.is_alive() and back.is_valid()
+    back = taken_on_release(hand_over_between(first, second, line, key, bound_s), first, line, key, bound_s)
     assert back.metrics.write_requests == 0  # its reads in line, then the lease handed back (before: a put first)
     back.__exit__(None, None, None)  # nobody waits: freed, handed to nobody
     with SyncDistributedLock(first, table="locks", key=key, lease_duration=30) as again:

@@ -14,6 +14,8 @@ cdef extern from "source_crc.h":  # BUILT_FROM in contention.py: the CRC-32 of t
 
 cdef int64_t _NS_PER_MS
 
+cdef _remember(dict releases, tuple cache_key, int64_t now_ns)
+
 
 @cython.final
 cdef class ObservationCache:

@@ -135,20 +135,16 @@ class ReleaseSignals:
         """This client released ``cache_key``; ``others_waiting`` if the row carried a waiting mark."""
         if others_waiting or self._contended:
             with self._mutex:
-                self._contended.pop(cache_key, None)
                 if others_waiting:
-                    if len(self._contended) >= OBSERVATION_CACHE_SIZE:
-                        del self._contended[next(iter(self._contended))]
-                    self._contended[cache_key] = now_ns
+                    _remember(self._contended, cache_key, now_ns)
+                else:
+                    self._contended.pop(cache_key, None)
         self.notify(cache_key)
 
     def handed_over(self, cache_key: tuple[str, str], now_ns: int) -> None:
         """This client's release of ``cache_key`` handed it over to the head of the store's line."""
         with self._mutex:
-            self._handed.pop(cache_key, None)
-            if len(self._handed) >= OBSERVATION_CACHE_SIZE:
-                del self._handed[next(iter(self._handed))]
-            self._handed[cache_key] = now_ns
+            _remember(self._handed, cache_key, now_ns)
 
     def look_first(self, cache_key: tuple[str, str], now_ns: int) -> bool:
         """Should a new acquisition of ``cache_key`` read before it writes? True once, within
@@ -170,3 +166,11 @@ class ReleaseSignals:
         """Keys with waiters queued."""
         return len(self._queues)
 
+
+def _remember(releases: dict[tuple[str, str], int], cache_key: tuple[str, str], now_ns: int) -> None:
+    """Under the signals' mutex: record this client's release of ``cache_key`` at ``now_ns`` as the newest
+    in ``releases``, which keeps OBSERVATION_CACHE_SIZE keys at most (the oldest goes first)."""
+    releases.pop(cache_key, None)
+    if len(releases) >= OBSERVATION_CACHE_SIZE:
+        del releases[next(iter(releases))]
+    releases[cache_key] = now_ns
